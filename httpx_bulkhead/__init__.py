@@ -1,0 +1,39 @@
+"""httpx-bulkhead: an httpx transport with a bulkhead per dependency.
+
+Each dependency (a host, ``host:port``, or a path prefix) gets its own compartment: its own
+concurrency limit, bounded FIFO wait queue, acquire timeout and connection pool, so a slow
+dependency stays slow inside its own wall::
+
+    transport = BulkheadTransport(
+        default=Policy(max_concurrency=20),
+        hosts={"llm.example.com": Policy(max_concurrency=4, acquire_timeout=0.5)},
+    )
+    async with httpx.AsyncClient(transport=transport) as client:
+        ...
+    transport.statistics()  # {compartment name: CompartmentStats}
+"""
+
+from ._config import Policy
+from ._exceptions import (
+    AcquireTimeout,
+    BulkheadError,
+    BulkheadFull,
+    RequestTimeout,
+    TransportClosed,
+)
+from ._stats import CompartmentStats, ExchangeInfo
+from ._transport import BulkheadTransport
+
+__all__ = [
+    "AcquireTimeout",
+    "BulkheadError",
+    "BulkheadFull",
+    "BulkheadTransport",
+    "CompartmentStats",
+    "ExchangeInfo",
+    "Policy",
+    "RequestTimeout",
+    "TransportClosed",
+]
+
+__version__ = "0.1.0.dev0"

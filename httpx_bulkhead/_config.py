@@ -1,0 +1,195 @@
+"""Policy (one compartment's numbers) and route keys (which requests share a compartment).
+
+Both are immutable and validated on construction: a bad value raises ``TypeError`` or
+``ValueError`` naming the field, so a typo fails at start-up rather than under load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import httpx
+
+__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_PENDING", "Policy", "RouteKey", "parse_route_key"]
+
+#: Idle connections are closed after this many seconds: below Node's 5 s ``keepAliveTimeout``
+#: so we, not the server, close first.
+DEFAULT_IDLE_TIMEOUT = 4.0
+#: Waiters a compartment queues before rejecting at once (Envoy's ``max_pending_requests``).
+DEFAULT_MAX_PENDING = 1024
+DEFAULT_MAX_CONCURRENCY = 100
+DEFAULT_LIFETIME_JITTER = 0.1
+
+
+def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an int or None" if optional else "an int"
+        raise TypeError(f"Policy.{name} must be {kind}, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"Policy.{name} must be >= {minimum}, got {value}")
+
+
+def _check_seconds(name: str, value: object, *, allow_zero: bool, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"Policy.{name} must be a number of seconds or None, got {value!r}")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"Policy.{name} must be {bound} seconds, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The numbers of one compartment.
+
+    Args:
+        max_concurrency: requests in flight at once (from slot acquired to response
+            closed). Default 100. ``0 <= running <= max_concurrency`` always holds.
+        max_pending: requests allowed to wait for a slot; when the queue is full a new
+            request fails at once with ``BulkheadFull``. Default 1024; ``None`` means
+            unbounded; ``0`` means never wait.
+        acquire_timeout: longest wait, in seconds, for a slot and a usable connection, then
+            ``AcquireTimeout``. httpx's ``timeout.pool`` also applies and the shorter wins.
+            ``None`` (default) leaves only httpx's pool timeout; ``0`` means never wait.
+        request_timeout: total deadline in seconds from slot acquired to response body read
+            (or response closed); when it passes the exchange is abandoned, its connection
+            closed, the slot freed and ``RequestTimeout`` raised. ``None`` (default): no
+            total deadline, only httpx's per-operation timeouts.
+        max_connections: connections the compartment may hold open. ``None`` (default)
+            means ``max_concurrency``: HTTP/1.1 needs one connection per request in flight.
+        max_idle_connections: idle connections kept for reuse; surplus ones are closed when
+            released. ``None`` (default) means ``max_connections``.
+        idle_timeout: seconds an idle connection is kept. Default 4.0, below Node's 5 s
+            keep-alive; a server's ``Keep-Alive: timeout=N`` shortens it to below N.
+            ``None`` means never expire.
+        max_lifetime: seconds a connection may live, so traffic rebalances onto new servers.
+            A connection past it is closed when it next becomes idle, never mid-request.
+            ``None`` (default) means no limit.
+        lifetime_jitter: each connection's lifetime is drawn uniformly from
+            ``max_lifetime * [1 - lifetime_jitter, 1]`` so connections do not expire
+            together. Default 0.1; 0 disables jitter. Must be in ``[0, 1)``.
+    """
+
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    max_pending: int | None = DEFAULT_MAX_PENDING
+    acquire_timeout: float | None = None
+    request_timeout: float | None = None
+    max_connections: int | None = None
+    max_idle_connections: int | None = None
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
+    max_lifetime: float | None = None
+    lifetime_jitter: float = DEFAULT_LIFETIME_JITTER
+
+    def __post_init__(self) -> None:
+        _check_int("max_concurrency", self.max_concurrency, 1)
+        _check_int("max_pending", self.max_pending, 0, optional=True)
+        _check_seconds("acquire_timeout", self.acquire_timeout, allow_zero=True)
+        _check_seconds("request_timeout", self.request_timeout, allow_zero=False)
+        _check_int("max_connections", self.max_connections, 1, optional=True)
+        _check_int("max_idle_connections", self.max_idle_connections, 0, optional=True)
+        _check_seconds("idle_timeout", self.idle_timeout, allow_zero=True)
+        _check_seconds("max_lifetime", self.max_lifetime, allow_zero=False)
+        _check_seconds("lifetime_jitter", self.lifetime_jitter, allow_zero=True, optional=False)
+        if self.lifetime_jitter >= 1:
+            raise ValueError(f"Policy.lifetime_jitter must be < 1, got {self.lifetime_jitter!r}")
+
+    @property
+    def connection_limit(self) -> int:
+        """``max_connections``, with ``None`` resolved to ``max_concurrency``."""
+        return self.max_concurrency if self.max_connections is None else self.max_connections
+
+    @property
+    def idle_limit(self) -> int:
+        """``max_idle_connections``, with ``None`` resolved to the connection limit."""
+        if self.max_idle_connections is None:
+            return self.connection_limit
+        return self.max_idle_connections
+
+    @classmethod
+    def from_limits(cls, limits: httpx.Limits) -> Policy:
+        """Map ``httpx.Limits`` onto a policy (applied per compartment, not globally).
+
+        ``max_connections`` becomes ``max_concurrency`` (``None``: the default),
+        ``max_keepalive_connections`` becomes ``max_idle_connections`` and
+        ``keepalive_expiry`` becomes ``idle_timeout``.
+        """
+        if not isinstance(limits, httpx.Limits):
+            raise TypeError(f"limits must be httpx.Limits, got {type(limits).__name__}")
+        concurrency = limits.max_connections or DEFAULT_MAX_CONCURRENCY
+        idle = limits.max_keepalive_connections
+        return cls(
+            max_concurrency=concurrency,
+            max_idle_connections=None if idle is None else min(idle, concurrency),
+            idle_timeout=limits.keepalive_expiry,
+        )
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class RouteKey(NamedTuple):
+    """A parsed route key: ``host``, ``host:port``, ``scheme://host[:port]``, each with an
+    optional path prefix. ``scheme``/``port`` of ``None`` match any."""
+
+    scheme: str | None
+    host: str
+    port: int | None
+    path: str | None
+
+
+def parse_route_key(text: object) -> RouteKey:
+    """Parse a route key string.
+
+    ``"api.example.com"`` (any scheme and port), ``"api.example.com:8443"``,
+    ``"https://api.example.com"`` (port 443 implied), ``"[::1]:8080"``, each optionally
+    followed by a path prefix such as ``"/v1/generate"``.
+
+    Raises:
+        TypeError: ``text`` is not a string.
+        ValueError: it cannot be parsed; the message names the key.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"hosts keys must be strings, got {type(text).__name__}")
+    rest = text.strip()
+    scheme: str | None = None
+    if "://" in rest:
+        scheme, rest = rest.split("://", 1)
+        scheme = scheme.lower()
+        if scheme not in _DEFAULT_PORTS:
+            raise ValueError(f"hosts key {text!r}: scheme must be http or https")
+    authority, slash, path = rest.partition("/")
+    prefix = "/" + path.rstrip("/") if slash else None
+    if prefix == "/":
+        prefix = None
+    host, port = _split_authority(authority, text)
+    if port is None and scheme is not None:
+        port = _DEFAULT_PORTS[scheme]
+    return RouteKey(scheme, host, port, prefix)
+
+
+def _split_authority(authority: str, text: str) -> tuple[str, int | None]:
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise ValueError(f"hosts key {text!r}: unterminated IPv6 literal")
+        host, tail = authority[1:end], authority[end + 1 :]
+        port_text = tail[1:] if tail.startswith(":") else None
+        if tail and port_text is None:
+            raise ValueError(f"hosts key {text!r}: unexpected {tail!r} after the host")
+    elif authority.count(":") == 1:
+        host, port_text = authority.split(":")
+    else:
+        host, port_text = authority, None
+    host = host.lower().rstrip(".")
+    if not host or any(c in host for c in " @?#"):
+        raise ValueError(f"hosts key {text!r}: invalid host")
+    if port_text is None:
+        return host, None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"hosts key {text!r}: invalid port {port_text!r}")
+    return host, int(port_text)

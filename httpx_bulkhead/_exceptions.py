@@ -1,0 +1,105 @@
+"""Our exceptions, and the one place where low-level failures become httpx ones.
+
+The tree, as a caller sees it::
+
+    httpx.TransportError
+     ├── BulkheadError                 anything the bulkhead itself refused
+     │    ├── BulkheadFull             the compartment's wait queue is full: rejected at once
+     │    ├── TransportClosed          the transport was closed (before or while waiting)
+     │    └── AcquireTimeout           also an httpx.PoolTimeout: no slot/connection in time
+     └── httpx.TimeoutException
+          └── RequestTimeout           Policy.request_timeout passed: the exchange was abandoned
+
+Every other failure is the httpx exception the default transport would raise
+(``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError``, ...), raised ``from`` its cause
+with ``request`` set.  No ``OSError``, ``ssl.SSLError``, h11, h2 or anyio exception escapes.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Literal, NoReturn
+
+import anyio
+import h11
+import httpx
+
+__all__ = [
+    "AcquireTimeout",
+    "BulkheadError",
+    "BulkheadFull",
+    "RequestTimeout",
+    "TransportClosed",
+    "raise_mapped",
+]
+
+
+class BulkheadError(httpx.TransportError):
+    """The bulkhead refused the request: no network I/O was attempted for it."""
+
+
+class BulkheadFull(BulkheadError):
+    """The compartment's wait queue (``Policy.max_pending``) was full; rejected at once."""
+
+
+class TransportClosed(BulkheadError):
+    """The transport was closed before the request could get a slot."""
+
+
+class AcquireTimeout(httpx.PoolTimeout, BulkheadError):
+    """No slot and usable connection within ``Policy.acquire_timeout`` (or httpx's pool timeout)."""
+
+
+class RequestTimeout(httpx.TimeoutException):
+    """``Policy.request_timeout`` passed: the exchange was abandoned and its connection closed."""
+
+
+Phase = Literal["connect", "write", "read"]
+
+_TIMEOUTS: dict[Phase, type[httpx.TimeoutException]] = {
+    "connect": httpx.ConnectTimeout,
+    "write": httpx.WriteTimeout,
+    "read": httpx.ReadTimeout,
+}
+_ERRORS: dict[Phase, type[httpx.TransportError]] = {
+    "connect": httpx.ConnectError,
+    "write": httpx.WriteError,
+    "read": httpx.ReadError,
+}
+
+
+def raise_mapped(exc: BaseException, phase: Phase, request: httpx.Request) -> NoReturn:
+    """Re-raise ``exc`` as the httpx exception the default transport would raise.
+
+    Args:
+        exc: the low-level exception (``OSError``, ``ssl.SSLError``, anyio, h11, ``TimeoutError``).
+        phase: what was being done: ``"connect"``, ``"write"`` or ``"read"``.
+        request: attached to the raised exception.
+
+    Raises:
+        httpx.TransportError: always; exceptions that are already httpx ones pass through.
+    """
+    if isinstance(exc, httpx.TransportError):
+        raise exc
+    mapped: httpx.TransportError
+    if isinstance(exc, TimeoutError):
+        mapped = _TIMEOUTS[phase](f"{phase} timed out", request=request)
+    elif isinstance(exc, h11.RemoteProtocolError):
+        mapped = httpx.RemoteProtocolError(str(exc) or "protocol error", request=request)
+    elif isinstance(exc, h11.LocalProtocolError):
+        mapped = httpx.LocalProtocolError(str(exc) or "protocol error", request=request)
+    elif isinstance(exc, anyio.EndOfStream):
+        mapped = _ERRORS[phase]("connection closed by peer", request=request)
+    elif isinstance(exc, ssl.SSLError | OSError | anyio.BrokenResourceError):
+        mapped = _ERRORS[phase](_describe(exc), request=request)
+    elif isinstance(exc, anyio.ClosedResourceError):
+        mapped = _ERRORS[phase]("connection was closed", request=request)
+    else:  # pragma: no cover - a bug of ours: let it surface as it is
+        raise exc
+    raise mapped from exc
+
+
+def _describe(exc: BaseException) -> str:
+    cause = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
+    text = str(cause) if cause is not None else ""
+    return text or type(cause or exc).__name__

@@ -1,0 +1,110 @@
+"""Statistics: a bounded window of acquire waits and the frozen per-compartment snapshot."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["CompartmentStats", "ExchangeInfo", "WaitWindow", "quantile"]
+
+#: Acquire waits remembered for the quantiles (the most recent ones).
+WAIT_WINDOW = 1024
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """Nearest-rank quantile of an ascending list; 0.0 when it is empty."""
+    if not ordered:
+        return 0.0
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+class WaitWindow:
+    """The last ``size`` acquire waits, in seconds.  O(1) to record; sorted only when a
+    snapshot is taken."""
+
+    __slots__ = ("_waits",)
+
+    def __init__(self, size: int = WAIT_WINDOW) -> None:
+        self._waits: deque[float] = deque(maxlen=size)
+
+    def record(self, seconds: float) -> None:
+        self._waits.append(seconds)
+
+    def summary(self) -> tuple[float, float, float, float]:
+        """``(p50, p95, p99, max)`` of the window."""
+        ordered = sorted(self._waits)
+        if not ordered:
+            return (0.0, 0.0, 0.0, 0.0)
+        return (
+            quantile(ordered, 0.5),
+            quantile(ordered, 0.95),
+            quantile(ordered, 0.99),
+            ordered[-1],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompartmentStats:
+    """A snapshot of one compartment, built when ``statistics()`` is called.
+
+    Gauges describe the moment of the call; counters count since the transport was made.
+    Times are in seconds.  This is debugging and monitoring information: read it, do not
+    drive control flow from it.
+    """
+
+    name: str
+    #: Requests holding a slot (from acquire to response closed); ``<= limit``.
+    running: int
+    #: Requests queued for a slot.
+    waiting: int
+    limit: int
+    max_pending: int | None
+    #: Open (or being opened) connections, idle and in use.
+    connections: int
+    idle_connections: int
+    in_use_connections: int
+    #: Requests holding a slot but waiting for a connection (``max_connections`` reached).
+    waiting_for_connection: int
+    # counters
+    acquired: int
+    completed: int
+    failed: int
+    cancelled: int
+    rejected: int
+    acquire_timeouts: int
+    cancelled_waiting: int
+    connections_created: int
+    stale_retries: int
+    # discards, by reason
+    idle_expired: int
+    lifetime_expired: int
+    unknown_state: int
+    peer_closed: int
+    error: int
+    not_reusable: int
+    surplus: int
+    closed: int
+    # acquire wait (slot and connection), over the last ``WAIT_WINDOW`` acquisitions
+    wait_p50: float
+    wait_p95: float
+    wait_p99: float
+    wait_max: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeInfo:
+    """What ``response.extensions["bulkhead"]`` holds for one request."""
+
+    #: Name of the compartment that served the request.
+    compartment: str
+    #: Seconds spent waiting for a slot and a connection (0.0 when none was needed);
+    #: separate from the request's own latency.
+    queue_wait: float
+    #: Whether the connection had served an earlier request.
+    reused: bool
+    #: Whether the request was sent again after a stale keep-alive connection failed it.
+    retried: bool
+    #: A number identifying the connection within this process (for logs).
+    connection_id: int

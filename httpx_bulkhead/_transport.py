@@ -1,0 +1,191 @@
+"""``BulkheadTransport``: routes each request to its compartment and maps the outcome."""
+
+from __future__ import annotations
+
+import random
+import ssl
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+
+import httpx
+
+from ._compartment import Compartment, Outcome
+from ._config import Policy
+from ._exceptions import TransportClosed
+from ._http11 import Timeouts
+from ._network import Connector, SocketOption, set_alpn
+from ._response import ResponseStream
+from ._routing import Router
+from ._stats import CompartmentStats, ExchangeInfo
+
+__all__ = ["BulkheadTransport"]
+
+_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+
+
+class BulkheadTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that gives each dependency its own bulkhead.
+
+    Each compartment (an unlisted origin, or a key of ``hosts``) has its own slots, bounded
+    FIFO wait queue, acquire timeout and connection pool, so one slow dependency cannot take
+    the connections or queue places of another.
+
+    Args:
+        default: policy of the compartment each origin *not* listed in ``hosts`` gets (one
+            compartment per origin).  ``None`` (default): ``Policy()``, or ``limits`` mapped.
+        hosts: route key -> ``Policy``.  Keys are ``"host"``, ``"host:port"``,
+            ``"scheme://host[:port]"``, optionally followed by a path prefix
+            (``"api.example.com/v1/generate"``); the most specific match wins and the
+            longest path prefix beats a host-level key.
+        limits: ``httpx.Limits`` mapped onto the default policy (per compartment); give
+            either this or ``default``.
+        verify, cert, trust_env: TLS settings, as for ``httpx.AsyncHTTPTransport``
+            (verification is on by default).
+        http1: must stay ``True`` for now.  http2: HTTP/2 is not supported yet (``False``).
+        retries: connect retries, as for ``httpx.AsyncHTTPTransport``.
+        local_address, uds, socket_options: as for ``httpx.AsyncHTTPTransport``.
+
+    Raises:
+        TypeError, ValueError: invalid configuration (the message names the field).
+    """
+
+    def __init__(
+        self,
+        default: Policy | None = None,
+        hosts: Mapping[str, Policy] | None = None,
+        *,
+        limits: httpx.Limits | None = None,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: httpx._types.CertTypes | None = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        retries: int = 0,
+        local_address: str | None = None,
+        uds: str | None = None,
+        socket_options: Iterable[SocketOption] | None = None,
+        _clock: Callable[[], float] = time.monotonic,
+        _rng: random.Random | None = None,
+    ) -> None:
+        if default is not None and limits is not None:
+            raise TypeError("give either default= or limits=, not both")
+        if default is None:
+            default = Policy() if limits is None else Policy.from_limits(limits)
+        elif not isinstance(default, Policy):
+            raise TypeError(f"default must be a Policy, got {type(default).__name__}")
+        if http2 or not http1:
+            raise NotImplementedError(
+                "http2: HTTP/2 is not supported by BulkheadTransport yet; use http1=True, "
+                "http2=False"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+        set_alpn(context, ["http/1.1"])
+        self._connector = Connector(
+            ssl_context=context,
+            local_address=local_address,
+            uds=uds,
+            socket_options=tuple(socket_options or ()),
+            retries=retries,
+        )
+        self._clock = _clock
+        self._rng = _rng
+        self._router: Router[Compartment] = Router(hosts or {}, default, self._compartment)
+        self._closed = False
+
+    def _compartment(self, name: str, policy: Policy) -> Compartment:
+        return Compartment(name, policy, self._connector, clock=self._clock, rng=self._rng)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through its compartment.
+
+        Raises:
+            BulkheadFull, AcquireTimeout, TransportClosed, RequestTimeout, and the httpx
+            exceptions of the default transport (``ConnectError``, ``ReadTimeout``, ...).
+        """
+        if self._closed:
+            raise TransportClosed("the transport is closed", request=request)
+        url = request.url
+        scheme = url.raw_scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(
+                f"Request URL has an unsupported protocol '{url.scheme}://'.", request=request
+            )
+        if not url.raw_host:
+            raise httpx.UnsupportedProtocol("Request URL is missing a host.", request=request)
+        origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        compartment = self._router.route(origin, url.path)
+        policy = compartment.policy
+
+        timeout = request.extensions.get("timeout") or {}
+        started = time.monotonic()
+        budget = _shorter(timeout.get("pool"), policy.acquire_timeout)
+        waited = await compartment.acquire(budget, request)
+        try:
+            acquire_deadline = None if budget is None else started + budget
+            deadline = None
+            if policy.request_timeout is not None:
+                deadline = time.monotonic() + policy.request_timeout
+            timeouts = Timeouts(timeout.get("read"), timeout.get("write"), deadline)
+            conn, head, retried, conn_wait = await compartment.send(
+                request,
+                origin,
+                acquire_deadline=acquire_deadline,
+                timeouts=timeouts,
+                connect_timeout=_shorter(timeout.get("connect"), policy.request_timeout),
+            )
+        except BaseException as exc:
+            compartment.release(Outcome.FAILED if isinstance(exc, Exception) else Outcome.CANCELLED)
+            raise
+        queue_wait = waited + conn_wait
+        compartment.record_wait(queue_wait)
+        return httpx.Response(
+            status_code=head.status_code,
+            headers=head.headers.raw_items(),
+            stream=ResponseStream(compartment, conn, request, timeouts),
+            extensions={
+                "http_version": b"HTTP/" + head.http_version,
+                "reason_phrase": head.reason,
+                "bulkhead": ExchangeInfo(
+                    compartment=compartment.name,
+                    queue_wait=queue_wait,
+                    reused=conn.reused,
+                    retried=retried,
+                    connection_id=conn.id,
+                ),
+            },
+        )
+
+    def statistics(self) -> dict[str, CompartmentStats]:
+        """A snapshot of every compartment, by name (see ``CompartmentStats``)."""
+        return {name: c.statistics() for name, c in self._router.compartments.items()}
+
+    async def aclose(self) -> None:
+        """Close every connection; waiters fail with ``TransportClosed``, and so do requests
+        made afterwards.  Requests in flight fail with a read or write error."""
+        if self._closed:
+            return
+        self._closed = True
+        for compartment in list(self._router.compartments.values()):
+            await compartment.aclose()
+
+    async def __aenter__(self) -> BulkheadTransport:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
+
+def _shorter(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,51 @@
+"""Shared fixtures: the anyio backends, a session hypercorn server, helpers."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import anyio
+import pytest
+
+from tests.servers import HypercornServer, TestApp
+
+_names = itertools.count()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Integration tests run under both backends httpx supports."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def app() -> TestApp:
+    return TestApp()
+
+
+@pytest.fixture(scope="session")
+def _server(app: TestApp) -> Iterator[HypercornServer]:
+    with HypercornServer(app) as srv:
+        yield srv
+
+
+@pytest.fixture
+def server(_server: HypercornServer, app: TestApp) -> HypercornServer:
+    """A hypercorn server (HTTP/1.1) on 127.0.0.1, its counters reset for this test."""
+    app.reset()
+    return _server
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """Unique names (gates, buckets) so tests sharing a server never interfere."""
+    return lambda prefix: f"{prefix}-{next(_names)}"
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Yield to the event loop until ``predicate()`` holds: a checkpoint loop, not a
+    timed sleep; the timeout only turns a hang into a failure."""
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0)

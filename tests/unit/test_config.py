@@ -1,0 +1,117 @@
+"""Policy validation, route key parsing and routing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from httpx_bulkhead import BulkheadTransport, Policy
+from httpx_bulkhead._config import RouteKey, parse_route_key
+from httpx_bulkhead._routing import Router
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("max_concurrency", 0, ValueError),
+        ("max_concurrency", True, TypeError),
+        ("max_concurrency", 1.5, TypeError),
+        ("max_pending", -1, ValueError),
+        ("acquire_timeout", -0.1, ValueError),
+        ("acquire_timeout", "1", TypeError),
+        ("request_timeout", 0, ValueError),
+        ("request_timeout", float("nan"), ValueError),
+        ("max_connections", 0, ValueError),
+        ("max_idle_connections", -1, ValueError),
+        ("idle_timeout", -1, ValueError),
+        ("max_lifetime", 0, ValueError),
+        ("lifetime_jitter", 1.0, ValueError),
+        ("lifetime_jitter", None, TypeError),
+    ],
+)
+def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=f"Policy.{field}"):
+        Policy(**{field: value})
+
+
+def test_policy_defaults_and_derived_limits() -> None:
+    policy = Policy(max_concurrency=7)
+    assert policy.connection_limit == 7 and policy.idle_limit == 7
+    assert policy.idle_timeout == 4.0 and policy.max_pending == 1024
+    assert Policy(max_concurrency=7, max_connections=3, max_idle_connections=1).idle_limit == 1
+    with pytest.raises(AttributeError):
+        policy.max_concurrency = 3  # type: ignore[misc]
+
+
+def test_policy_from_httpx_limits() -> None:
+    policy = Policy.from_limits(
+        httpx.Limits(max_connections=10, max_keepalive_connections=4, keepalive_expiry=2.0)
+    )
+    assert (policy.max_concurrency, policy.idle_limit, policy.idle_timeout) == (10, 4, 2.0)
+    assert Policy.from_limits(httpx.Limits(max_connections=None)).max_concurrency == 100
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("API.example.com", RouteKey(None, "api.example.com", None, None)),
+        ("api.example.com:8443", RouteKey(None, "api.example.com", 8443, None)),
+        ("https://api.example.com", RouteKey("https", "api.example.com", 443, None)),
+        ("http://api.example.com:81/v1/gen/", RouteKey("http", "api.example.com", 81, "/v1/gen")),
+        ("[::1]:8080", RouteKey(None, "::1", 8080, None)),
+        ("api.example.com/v1", RouteKey(None, "api.example.com", None, "/v1")),
+    ],
+)
+def test_route_keys_parse(text: str, key: RouteKey) -> None:
+    assert parse_route_key(text) == key
+
+
+@pytest.mark.parametrize(
+    "text", ["ftp://x", "x:99999", "x:abc", "", "[::1", "a b", "[::1]x", "https://:443"]
+)
+def test_bad_route_keys_are_named(text: str) -> None:
+    with pytest.raises(ValueError, match="hosts key"):
+        parse_route_key(text)
+
+
+def test_router_most_specific_wins_and_longest_prefix() -> None:
+    router = Router(
+        {
+            "llm.example.com": Policy(),
+            "llm.example.com:8443": Policy(),
+            "https://llm.example.com:8443": Policy(),
+            "llm.example.com/v1": Policy(),
+            "llm.example.com/v1/generate": Policy(),
+        },
+        Policy(),
+        lambda name, policy: name,
+    )
+    https = ("https", "llm.example.com", 8443)
+    assert router.route(https, "/other") == "https://llm.example.com:8443"
+    assert router.route(("http", "llm.example.com", 8443), "/") == "llm.example.com:8443"
+    assert router.route(("https", "llm.example.com", 443), "/") == "llm.example.com"
+    assert router.route(https, "/v1/generate") == "llm.example.com/v1/generate"
+    assert router.route(https, "/v1/generate/stream") == "llm.example.com/v1/generate"
+    assert router.route(https, "/v1/generated") == "llm.example.com/v1"
+    assert router.route(https, "/v1?x=1") == "llm.example.com/v1"
+    # Unlisted origins each get their own compartment, made once.
+    assert router.route(("https", "other.example", 443), "/") == "https://other.example:443"
+    assert router.route(("http", "::1", 80), "/") == "http://[::1]:80"
+    assert list(router.compartments).count("https://other.example:443") == 1
+
+
+def test_transport_rejects_bad_configuration() -> None:
+    with pytest.raises(TypeError, match="Policy"):
+        BulkheadTransport(hosts={"a": 3})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="default"):
+        BulkheadTransport(default=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="limits"):
+        BulkheadTransport(default=Policy(), limits=httpx.Limits())
+    with pytest.raises(ValueError, match="retries"):
+        BulkheadTransport(retries=-1)
+    with pytest.raises(ValueError, match="hosts key"):
+        BulkheadTransport(hosts={"ftp://x": Policy()})
+    with pytest.raises(ValueError, match="duplicates"):
+        BulkheadTransport(hosts={"x": Policy(), "X": Policy()})
