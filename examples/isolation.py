@@ -8,6 +8,7 @@ and once through ``BulkheadTransport`` (one compartment each), then prints both 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import httpx
@@ -44,10 +45,8 @@ async def scenario(transport: httpx.AsyncBaseTransport, slow: str, fast: str) ->
     async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
 
         async def slow_call() -> None:
-            try:
+            with contextlib.suppress(httpx.TransportError):
                 await client.get(slow)
-            except httpx.TransportError:
-                pass
 
         async def fast_call() -> None:
             nonlocal ok, failed
