@@ -188,7 +188,7 @@ class LimiterMachine(RuleBasedStateMachine):
         self._sync_grants()
 
     @invariant()
-    def check_invariants(self) -> None:
+    def limiter_invariants(self) -> None:
         limiter = self.limiter
         assert limiter.running == self.holders + len(self.granted)
         assert limiter.running >= 0
