@@ -244,6 +244,12 @@ class HTTP11Connection(PoolEntry):
             data = b""  # EOF: h11 decides whether that ends the message or breaks it
         if data:
             self.received_any = True
+        elif not self.received_any and self._h11.their_state is h11.SEND_RESPONSE:
+            # EOF before a single response byte: the server closed the connection (often
+            # an idle keep-alive close racing our request).  Safe to retry, if anything is.
+            raise httpx.RemoteProtocolError(
+                "Server disconnected without sending a response.", request=request
+            )
         self._h11.receive_data(data)
 
     async def _io(

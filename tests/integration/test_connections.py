@@ -1,0 +1,256 @@
+"""Connection lifecycle against real servers: unknown state, idle and lifetime expiry,
+the server's keep-alive hint, stale keep-alive retry, connection waits, close."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import anyio
+import httpx
+import pytest
+
+from httpx_bulkhead import BulkheadTransport, Policy, TransportClosed
+from tests.conftest import until
+from tests.servers import (
+    HypercornServer,
+    RawConn,
+    RawServer,
+    TestApp,
+    keepalive_header,
+    keepalive_ok,
+    late_response,
+)
+from tests.servers.raw import close_after_response
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeClock:
+    """The pool's clock, moved by the test (idle and lifetime expiry without waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def origin_of(url: str) -> str:
+    return url  # unlisted origins get a compartment named "http://127.0.0.1:PORT"
+
+
+async def test_late_response_is_never_read_by_the_next_request() -> None:
+    with RawServer(late_response("release")) as srv:
+        transport = BulkheadTransport()
+        timeout = httpx.Timeout(10, read=0.2)
+        async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get(f"{srv.url}/first")
+            srv.set_event("release")  # the server now answers /first, late
+            await srv.wait_event("release.sent")
+            response = await client.get(f"{srv.url}/second")
+            assert response.text == "response-for:/second"
+            assert response.extensions["bulkhead"].reused is False
+        stats = transport.statistics()[srv.url]
+        assert stats.unknown_state == 1 and stats.connections_created == 2
+        assert srv.connections == 2
+
+
+async def test_connection_closed_by_server_while_idle_is_not_used() -> None:
+    with RawServer(close_after_response(b"ok")) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(srv.url)).text == "ok"
+            await srv.wait_event("closed")
+            second = await client.get(srv.url)
+            assert second.text == "ok" and second.extensions["bulkhead"].reused is False
+        stats = transport.statistics()[srv.url]
+        assert stats.peer_closed == 1 and stats.connections_created == 2
+        assert stats.failed == 0
+
+
+def race_then_serve(conn: RawConn) -> None:
+    """Connection 0 answers one request, then reads the next and closes without answering:
+    the server closed an idle keep-alive connection just as the client reused it."""
+    if conn.index == 0:
+        if conn.read_request() is not None:
+            conn.send_response(200, b"first")
+            conn.read_request()
+        conn.close()
+        return
+    keepalive_ok(b"fresh")(conn)
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [("GET", {}), ("PUT", {}), ("POST", {"Idempotency-Key": "k1"})],
+)
+async def test_stale_connection_is_retried_when_safe(method: str, headers: dict[str, str]) -> None:
+    with RawServer(race_then_serve) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(srv.url)).text == "first"
+            response = await client.request(method, srv.url, content=b"body", headers=headers)
+            assert response.text == "fresh"
+            info = response.extensions["bulkhead"]
+            assert info.retried and not info.reused
+        stats = transport.statistics()[srv.url]
+        assert stats.stale_retries == 1 and stats.peer_closed == 1 and stats.failed == 0
+        assert len(srv.requests) == 3  # first, the one lost in the race, its replay
+
+
+async def test_post_whose_body_was_sent_is_not_retried() -> None:
+    with RawServer(race_then_serve) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(srv.url)).text == "first"
+            with pytest.raises(httpx.RemoteProtocolError, match="disconnected"):
+                await client.post(srv.url, content=b"not idempotent")
+        stats = transport.statistics()[srv.url]
+        assert stats.stale_retries == 0 and stats.failed == 1 and stats.running == 0
+        assert len(srv.requests) == 2
+
+
+async def test_idle_timeout_closes_before_the_server_would() -> None:
+    clock = FakeClock()
+    with RawServer(keepalive_ok(b"ok")) as srv:
+        transport = BulkheadTransport(default=Policy(idle_timeout=1.0), _clock=clock)
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.get(srv.url)
+            clock.now += 0.5
+            assert (await client.get(srv.url)).extensions["bulkhead"].reused
+            clock.now += 1.5
+            assert not (await client.get(srv.url)).extensions["bulkhead"].reused
+        stats = transport.statistics()[srv.url]
+        assert stats.idle_expired == 1 and srv.connections == 2
+
+
+async def test_keep_alive_timeout_hint_expires_earlier_than_our_idle_timeout() -> None:
+    clock = FakeClock()
+    with RawServer(keepalive_header(2)) as srv:  # "Keep-Alive: timeout=2"
+        transport = BulkheadTransport(default=Policy(idle_timeout=4.0), _clock=clock)
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.get(srv.url)
+            clock.now += 0.9  # under 2 s minus the 1 s margin: still reused
+            assert (await client.get(srv.url)).extensions["bulkhead"].reused
+            clock.now += 1.1  # past it, though under our own 4 s
+            assert not (await client.get(srv.url)).extensions["bulkhead"].reused
+        assert transport.statistics()[srv.url].idle_expired == 1
+
+
+async def test_lifetime_jitter_rotates_connections_gradually(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    clock = FakeClock()
+    seed = 11
+    policy = Policy(max_concurrency=4, max_lifetime=100.0, lifetime_jitter=0.5, idle_timeout=None)
+    transport = BulkheadTransport(default=policy, _clock=clock, _rng=random.Random(seed))
+    draws = random.Random(seed)
+    lifetimes = sorted(100.0 * (1 - 0.5 * draws.random()) for _ in range(4))
+    gate = app.gate(unique("life"))
+    url = f"{server.url}/gate/{gate.name}"
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+        async def four_at_once(already: int) -> None:
+            gate.close()
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(client.get, url)
+                await gate.until_entered(already + 4)
+                gate.open()
+
+        await four_at_once(0)
+        name = server.url
+        assert transport.statistics()[name].connections_created == 4
+        # Half-way through the jitter range some connections are past their lifetime,
+        # some are not: they are replaced gradually, not all at once.
+        midpoint = (lifetimes[1] + lifetimes[2]) / 2
+        clock.now += midpoint
+        await four_at_once(4)
+        stats = transport.statistics()[name]
+        assert stats.lifetime_expired == 2 and stats.connections_created == 6
+        clock.now += 100.0
+        await four_at_once(8)
+        assert transport.statistics()[name].lifetime_expired == 6
+
+
+async def test_connection_wait_when_max_connections_is_below_concurrency(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("conn"))
+    policy = Policy(max_concurrency=3, max_connections=1)
+    transport = BulkheadTransport(default=policy)
+    name = server.url
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(client.get, f"{server.url}/gate/{gate.name}")
+            await gate.until_entered(1)
+            await until(lambda: transport.statistics()[name].waiting_for_connection == 2)
+            assert transport.statistics()[name].running == 3
+            gate.open()
+    stats = transport.statistics()[name]
+    assert stats.connections_created == 1 and stats.completed == 3
+    assert len(app.connections(f"127.0.0.1:{server.port}")) == 1
+
+
+async def test_randomized_cancellation_leaves_nothing_behind(server: HypercornServer) -> None:
+    rng = random.Random(1234)
+    transport = BulkheadTransport(default=Policy(max_concurrency=4, max_pending=None))
+    name = server.url
+    outcomes = {"ok": 0, "cancelled": 0}
+    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(10)) as client:
+
+        async def call(delay_ms: int, cancel_after: float) -> None:
+            with anyio.move_on_after(cancel_after) as scope:
+                response = await client.get(f"{server.url}/slow/{delay_ms}")
+                assert response.status_code == 200
+                outcomes["ok"] += 1
+            if scope.cancelled_caught:
+                outcomes["cancelled"] += 1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(150):
+                # Cancelled at once, at a random point, or never (so both outcomes occur
+                # however loaded the machine is).
+                cancel_after = (0.0, rng.uniform(0, 0.05), rng.uniform(0, 0.05), 60.0)[i % 4]
+                tg.start_soon(call, rng.randrange(0, 15), cancel_after)
+        stats = transport.statistics()[name]
+        assert (stats.running, stats.waiting, stats.in_use_connections) == (0, 0, 0)
+        assert stats.acquired == stats.completed + stats.failed + stats.cancelled
+        assert outcomes["ok"] + outcomes["cancelled"] == 150
+        assert outcomes["cancelled"] > 0 and outcomes["ok"] > 0
+        assert stats.acquired + stats.cancelled_waiting == 150
+        # The compartment still works afterwards.
+        assert (await client.get(f"{server.url}/")).text == "hello"
+
+
+async def test_aclose_wakes_waiters_and_refuses_later_requests(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("close"))
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    name = server.url
+    errors: dict[str, BaseException] = {}
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+        async def call(label: str) -> None:
+            try:
+                await client.get(f"{server.url}/gate/{gate.name}")
+            except httpx.TransportError as exc:
+                errors[label] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "holder")
+            await gate.until_entered(1)
+            tg.start_soon(call, "waiter")
+            await until(lambda: transport.statistics()[name].waiting == 1)
+            await transport.aclose()
+        assert isinstance(errors["waiter"], TransportClosed)
+        assert isinstance(errors["holder"], httpx.ReadError)
+        with pytest.raises(TransportClosed):
+            await client.get(f"{server.url}/")
+    stats = transport.statistics()[name]
+    assert (stats.running, stats.waiting, stats.connections) == (0, 0, 0)
+    gate.open()
