@@ -1,0 +1,117 @@
+"""Every way a waiter can be cancelled leaves the queue at once and never runs.
+
+These use asyncio's own primitives (``Task.cancel``, ``asyncio.timeout``) on purpose, beside
+the anyio cancel scopes and httpx pool timeouts that run on both backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from httpx_bulkhead import AcquireTimeout, BulkheadTransport, Policy
+from tests.conftest import until
+from tests.servers import HypercornServer, TestApp
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("how", ["task.cancel", "asyncio.timeout", "wait_for", "pool timeout"])
+async def test_cancelled_waiter_leaves_queue_and_never_runs(
+    how: str, server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("cancel"))
+    name = server.url
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    url = f"{server.url}/gate/{gate.name}"
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        holder = asyncio.ensure_future(client.get(url))
+        await gate.until_entered(1)
+
+        async def waiter() -> httpx.Response:
+            if how == "asyncio.timeout":
+                async with asyncio.timeout(0.05):
+                    return await client.get(url)
+            if how == "wait_for":
+                return await asyncio.wait_for(client.get(url), 0.05)
+            if how == "pool timeout":
+                return await client.get(url, timeout=httpx.Timeout(10, pool=0.05))
+            return await client.get(url)
+
+        task = asyncio.ensure_future(waiter())
+        await until(lambda: transport.statistics()[name].waiting == 1)
+        if how == "task.cancel":
+            task.cancel()
+        expected: type[BaseException] = {
+            "task.cancel": asyncio.CancelledError,
+            "asyncio.timeout": TimeoutError,
+            "wait_for": TimeoutError,
+            "pool timeout": AcquireTimeout,
+        }[how]
+        with pytest.raises(expected):
+            await task
+        stats = transport.statistics()[name]
+        assert stats.waiting == 0 and stats.running == 1
+        if how == "pool timeout":
+            assert stats.acquire_timeouts == 1
+        else:
+            assert stats.cancelled_waiting == 1
+        gate.open()
+        assert (await holder).status_code == 200
+    assert gate.entered == 1  # the cancelled waiter never reached the server
+    final = transport.statistics()[name]
+    assert (final.running, final.acquired, final.completed) == (0, 1, 1)
+
+
+async def test_waiter_cancelled_right_after_its_grant_passes_the_slot_on(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("grant"))
+    name = server.url
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    url = f"{server.url}/gate/{gate.name}"
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client.stream("GET", f"{server.url}/") as holder:
+            granted = asyncio.ensure_future(client.get(url))
+            nxt = asyncio.ensure_future(client.get(url))
+            await until(lambda: transport.statistics()[name].waiting == 2)
+            await holder.aread()  # body read: the slot goes to `granted`...
+            assert transport.statistics()[name].waiting == 1
+            granted.cancel()  # ...which is cancelled before it could resume
+        with pytest.raises(asyncio.CancelledError):
+            await granted
+        await gate.until_entered(1)
+        gate.open()
+        assert (await nxt).status_code == 200
+    assert gate.entered == 1  # `granted` never ran; `nxt` got the slot it passed on
+    stats = transport.statistics()[name]
+    assert (stats.running, stats.waiting, stats.cancelled_waiting) == (0, 0, 1)
+    assert stats.acquired == stats.completed == 2
+
+
+async def test_cancelling_an_in_flight_request_discards_its_connection(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("inflight"))
+    name = server.url
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        task = asyncio.ensure_future(client.get(f"{server.url}/gate/{gate.name}"))
+        await gate.until_entered(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stats = transport.statistics()[name]
+        assert (stats.running, stats.unknown_state, stats.cancelled) == (0, 1, 1)
+        assert stats.connections == 0
+        gate.open()
+        assert (await client.get(f"{server.url}/")).extensions["bulkhead"].reused is False
