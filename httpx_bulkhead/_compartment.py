@@ -8,6 +8,8 @@ cannot delay another one: there is no lock held across I/O and no shared queue.
 Slot accounting: a request that leaves ``acquire()`` owns one slot and must give it back
 exactly once, through ``release()``, whatever happens (the response stream and
 ``BulkheadTransport.handle_async_request`` do that in ``finally``/``except`` blocks).
+Connection accounting: every exchange started on a connection ends exactly once, through
+``end_exchange()``, which pools, keeps (HTTP/2 stream reset) or closes the connection.
 """
 
 from __future__ import annotations
@@ -17,23 +19,28 @@ import time
 from collections.abc import Callable
 
 import anyio
-import h11
+import anyio.abc
 import httpx
+from anyio.streams.tls import TLSAttribute
 
 from ._config import Policy
-from ._exceptions import AcquireTimeout, BulkheadFull, RequestTimeout, TransportClosed
-from ._http11 import HTTP11Connection, Timeouts
+from ._exceptions import AcquireTimeout, BulkheadFull, TransportClosed
+from ._exchange import Connection, Exchange, Refused, ResponseHead, Timeouts, is_disconnect
+from ._http2 import ConnectionListener, HTTP2Connection
+from ._http11 import HTTP11Connection
 from ._limiter import Limiter, Waiter, WaiterState
 from ._network import Connector, TraceFn
-from ._pool import DIAL, Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
+from ._pool import Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
 from ._stats import CompartmentStats, WaitWindow
 
-__all__ = ["Compartment", "Outcome", "discard_reason"]
+__all__ = ["Compartment", "Outcome", "Protocols"]
 
 Clock = Callable[[], float]
 
 #: Methods a request may be replayed with after a stale connection failed it (RFC 9110 §9.2.2).
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+#: Times a request refused by HTTP/2 (GOAWAY, REFUSED_STREAM) is sent again.
+MAX_REPLAYS = 3
 
 
 class Outcome:
@@ -44,7 +51,27 @@ class Outcome:
     CANCELLED = "cancelled"
 
 
-class Compartment:
+class Protocols:
+    """Which HTTP versions the transport speaks (``http1``/``http2`` of the transport)."""
+
+    __slots__ = ("http1", "http2")
+
+    def __init__(self, http1: bool, http2: bool) -> None:
+        self.http1 = http1
+        self.http2 = http2
+
+    def may_multiplex(self, origin: Origin) -> bool:
+        """HTTP/2 is possible by ALPN on https, or by prior knowledge on http when HTTP/1.1
+        is off (there is no h2c upgrade, as in httpx's default transport)."""
+        return self.http2 and (origin[0] == "https" or not self.http1)
+
+    def speaks_h2(self, origin: Origin, stream: anyio.abc.ByteStream) -> bool:
+        if origin[0] == "https":
+            return stream.extra(TLSAttribute.alpn_protocol, None) == "h2"
+        return self.http2 and not self.http1
+
+
+class Compartment(ConnectionListener):
     """One bulkhead: its own slots, wait queue, connections and counters."""
 
     def __init__(
@@ -52,6 +79,7 @@ class Compartment:
         name: str,
         policy: Policy,
         connector: Connector,
+        protocols: Protocols,
         *,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
@@ -59,6 +87,7 @@ class Compartment:
         self.name = name
         self.policy = policy
         self._connector = connector
+        self._protocols = protocols
         self._clock = clock
         self.limiter = Limiter(policy.max_concurrency, policy.max_pending)
         self.pool = Pool(
@@ -67,13 +96,18 @@ class Compartment:
             idle_timeout=policy.idle_timeout,
             max_lifetime=policy.max_lifetime,
             lifetime_jitter=policy.lifetime_jitter,
+            may_multiplex=protocols.may_multiplex,
             rng=rng,
         )
-        self._in_use: set[HTTP11Connection] = set()
+        self._connections: set[Connection] = set()  # open, idle or in use
+        self._closing: list[PoolEntry] = []  # decided by pool callbacks, closed soon
         self._waits = WaitWindow()
         self._outcomes = {Outcome.COMPLETED: 0, Outcome.FAILED: 0, Outcome.CANCELLED: 0}
         self.acquire_timeouts = 0
         self.stale_retries = 0
+        self.replays = 0
+        self.goaways = 0
+        self.streams_reset = 0
 
     # -- slots ---------------------------------------------------------------------------
     async def acquire(self, budget: float | None, request: httpx.Request) -> float:
@@ -97,7 +131,7 @@ class Compartment:
                 request=request,
             )
         if budget is not None and budget <= 0:
-            self._timed_out(request, "a slot")
+            self._timed_out(request, "slot")
         event = anyio.Event()
         waiter = Waiter(event.set)
         limiter.enqueue(waiter)
@@ -108,7 +142,7 @@ class Compartment:
         except TimeoutError:
             if waiter.state is not WaiterState.GRANTED:  # granted in the same instant: keep it
                 limiter.cancel(waiter)
-                self._timed_out(request, "a slot")
+                self._timed_out(request, "slot")
         except BaseException:
             limiter.cancel(waiter)  # leaves the queue, or passes on a slot it never used
             raise
@@ -139,15 +173,14 @@ class Compartment:
         acquire_deadline: float | None,
         connect_timeout: float | None,
         fresh: bool = False,
-    ) -> tuple[HTTP11Connection, float]:
-        """A connection for ``request``: an idle one (LIFO), a new one, or, when
-        ``max_connections`` is reached, the next one freed (FIFO).  Also returns the seconds
-        spent waiting for it (not counting the connect).
+    ) -> tuple[Connection, float]:
+        """A connection for ``request``: one with spare capacity (most recently used first),
+        a new one, or, when ``max_connections`` is reached, the next one freed (FIFO).  Also
+        returns the seconds spent waiting for it (not counting the connect).
 
         Raises:
             AcquireTimeout, TransportClosed, httpx.ConnectError, httpx.ConnectTimeout.
         """
-        trace: TraceFn | None = request.extensions.get("trace")
         waited = 0.0
         while True:
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
@@ -156,24 +189,53 @@ class Compartment:
                 started = time.monotonic()
                 grant = await self._wait_for_connection(request, origin, acquire_deadline)
                 waited += time.monotonic() - started
-            if isinstance(grant, HTTP11Connection):
-                if grant.is_stale():  # the server closed it while idle: never send on it
-                    await self._close_all(self.pool.discard(grant, Discard.PEER_CLOSED))
-                    continue
-                self._in_use.add(grant)
-                return grant, waited
-            assert grant is DIAL
-            try:
-                stream = await self._connector.connect(
-                    request, timeout=connect_timeout, trace=trace
+            if isinstance(grant, PoolEntry):
+                conn: Connection = grant  # type: ignore[assignment]
+                if grant.active == 1:  # idle until now: check before sending on it
+                    try:
+                        reason = await conn.check_reusable()
+                    except BaseException:
+                        await self._close_all(
+                            self.pool.release(grant, self._clock(), reusable=True)
+                        )
+                        raise
+                    if reason is not None:
+                        await self._close_all(self.pool.discard(grant, reason))
+                        continue
+                return conn, waited
+            return await self._dial(request, origin, connect_timeout), waited
+
+    async def _dial(
+        self, request: httpx.Request, origin: Origin, connect_timeout: float | None
+    ) -> Connection:
+        trace: TraceFn | None = request.extensions.get("trace")
+        conn: HTTP11Connection | HTTP2Connection
+        try:
+            stream = await self._connector.connect(request, timeout=connect_timeout, trace=trace)
+            if self._protocols.speaks_h2(origin, stream):
+                policy = self.policy
+                conn = HTTP2Connection(
+                    origin,
+                    stream,
+                    listener=self,
+                    max_streams=policy.max_streams_per_connection,
+                    ping_after=policy.ping_after,
+                    ping_timeout=policy.ping_timeout,
                 )
-            except BaseException:
-                self.pool.dial_failed()
-                raise
-            conn = HTTP11Connection(origin, stream)
-            self.pool.dialed(conn, self._clock())
-            self._in_use.add(conn)
-            return conn, waited
+                try:
+                    await conn.start(request, connect_timeout)
+                except BaseException:
+                    await conn.aclose()
+                    raise
+            else:
+                conn = HTTP11Connection(origin, stream)
+        except BaseException:
+            self.pool.dial_failed(origin)
+            raise
+        self._connections.add(conn)
+        self.pool.dialed(conn, self._clock(), multiplexed=isinstance(conn, HTTP2Connection))
+        await self._close_pending()
+        return conn
 
     async def _wait_for_connection(
         self, request: httpx.Request, origin: Origin, acquire_deadline: float | None
@@ -198,28 +260,54 @@ class Compartment:
             raise TransportClosed("the transport was closed", request=request)
         return waiter.grant
 
-    async def checkin(self, conn: HTTP11Connection) -> None:
-        """The exchange on ``conn`` completed: pool it if its state allows."""
-        self._in_use.discard(conn)
-        reusable = conn.reusable and not self.limiter.closed
-        await self._close_all(
-            self.pool.checkin(conn, self._clock(), reusable=reusable, keep_alive=conn.keep_alive)
-        )
-
-    async def discard(self, conn: HTTP11Connection, reason: Discard) -> None:
-        """Close ``conn``: its state is unknown or broken."""
-        self._in_use.discard(conn)
-        await self._close_all(self.pool.discard(conn, reason))
+    async def end_exchange(
+        self, conn: Connection, exchange: Exchange, exc: BaseException | None
+    ) -> None:
+        """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``.  The
+        connection is pooled, kept (an HTTP/2 stream was reset) or closed."""
+        entry: PoolEntry = conn  # type: ignore[assignment]
+        if exc is None:
+            reusable, keep_alive = exchange.completed()
+            reusable = reusable and not self.limiter.closed
+            to_close = self.pool.release(
+                entry, self._clock(), reusable=reusable, keep_alive=keep_alive
+            )
+        else:
+            with anyio.CancelScope(shield=True):
+                reason = await exchange.abandon(exc)
+            if reason is None:
+                to_close = self.pool.release(entry, self._clock(), reusable=True)
+            else:
+                to_close = self.pool.discard(entry, reason)
+        await self._close_all(to_close)
+        await self._close_pending()
 
     async def _close_all(self, entries: list[PoolEntry]) -> None:
         if not entries:
             return
         with anyio.CancelScope(shield=True):
             for entry in entries:
-                assert isinstance(entry, HTTP11Connection)
-                await entry.aclose()
+                conn: Connection = entry  # type: ignore[assignment]
+                self._connections.discard(conn)
+                await conn.aclose()
 
-    # -- one exchange, with the stale-connection retry -----------------------------------
+    async def _close_pending(self) -> None:
+        if self._closing:
+            closing, self._closing = self._closing, []
+            await self._close_all(closing)
+
+    # -- HTTP/2 connection events (ConnectionListener) -----------------------------------
+    def on_cap(self, conn: HTTP2Connection, cap: int) -> None:
+        self._closing.extend(self.pool.set_cap(conn, cap))
+
+    def on_reset(self, conn: HTTP2Connection) -> None:
+        self.streams_reset += 1
+
+    def on_goaway(self, conn: HTTP2Connection) -> None:
+        self.goaways += 1
+        self._closing.extend(self.pool.drain(conn))
+
+    # -- one exchange, with the stale-connection retry and HTTP/2 replay ------------------
     async def send(
         self,
         request: httpx.Request,
@@ -228,18 +316,20 @@ class Compartment:
         acquire_deadline: float | None,
         timeouts: Timeouts,
         connect_timeout: float | None,
-    ) -> tuple[HTTP11Connection, h11.Response, bool, float]:
+    ) -> tuple[Connection, Exchange, ResponseHead, bool, float]:
         """Check out a connection and send ``request`` on it; returns the connection, the
-        response head, whether a stale connection was retried and the seconds spent
-        waiting for a connection.
+        exchange, the response head, whether it was sent again after a stale connection or
+        refused stream, and the seconds spent waiting for a connection.
 
         A request that fails on a *reused* connection before any response byte arrived (the
         server closed or reset it while idle) is sent again, once, on a new connection when
         that is safe: the body can be replayed and the method is idempotent or nothing was
-        written.  Any other failure discards the connection and propagates.
+        written.  A request HTTP/2 refused unprocessed (GOAWAY, REFUSED_STREAM) is replayed
+        on another connection.  Any other failure ends the exchange and propagates.
         """
         trace: TraceFn | None = request.extensions.get("trace")
         retried = False
+        replays = 0
         waited = 0.0
         while True:
             conn, conn_wait = await self.checkout(
@@ -250,33 +340,43 @@ class Compartment:
                 fresh=retried,
             )
             waited += conn_wait
+            exchange = conn.start_exchange()
             try:
-                head = await conn.send_request(request, timeouts, trace)
+                head = await exchange.send_request(request, timeouts, trace)
+            except Refused:
+                await self.end_exchange(conn, exchange, None)
+                if replays >= MAX_REPLAYS or not _replayable(request):
+                    raise httpx.RemoteProtocolError(
+                        "the server refused the request (HTTP/2 GOAWAY or REFUSED_STREAM)",
+                        request=request,
+                    ) from None
+                replays += 1
+                self.replays += 1
+                continue
             except BaseException as exc:
-                await self.discard(conn, discard_reason(exc, conn))
-                if retried or not _can_retry(exc, conn, request):
+                await self.end_exchange(conn, exchange, exc)
+                if retried or not _can_retry(exc, exchange, request):
                     raise
                 retried = True
                 self.stale_retries += 1
                 continue
-            return conn, head, retried, waited
+            return conn, exchange, head, retried or replays > 0, waited
 
     # -- lifecycle -------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Wake every waiter with ``TransportClosed`` and close every connection."""
         self.limiter.close()
-        self.pool.max_connections = 0  # no new dial for those still holding slots
-        for waiter in self.pool.drain_waiters():
+        closing, waiters = self.pool.close()
+        for waiter in waiters:
             waiter.wake()
-        closing: list[PoolEntry] = list(self.pool.close())
-        for conn in list(self._in_use):
-            closing.append(conn)
+        closing.extend(self._connections)  # type: ignore[arg-type]
         await self._close_all(closing)
 
     def statistics(self) -> CompartmentStats:
         limiter, pool = self.limiter, self.pool
         p50, p95, p99, worst = self._waits.summary()
         d = pool.discards
+        h2 = [c for c in self._connections if isinstance(c, HTTP2Connection)]
         return CompartmentStats(
             name=self.name,
             running=limiter.running,
@@ -304,6 +404,15 @@ class Compartment:
             not_reusable=d[Discard.NOT_REUSABLE],
             surplus=d[Discard.SURPLUS],
             closed=d[Discard.CLOSED],
+            ping_timeouts=d[Discard.PING_TIMEOUT],
+            http2_connections=len(h2),
+            open_streams=sum(c.open_streams for c in h2),
+            stream_caps=tuple(sorted(c.cap for c in h2)),
+            goaways=self.goaways,
+            streams_reset=self.streams_reset,
+            replays=self.replays,
+            scale_outs=pool.scale_outs,
+            stream_waits=pool.stream_waits,
             wait_p50=p50,
             wait_p95=p95,
             wait_p99=p99,
@@ -311,23 +420,14 @@ class Compartment:
         )
 
 
-def discard_reason(exc: BaseException, conn: HTTP11Connection) -> Discard:
-    """Why a connection whose exchange raised ``exc`` is closed."""
-    if not isinstance(exc, Exception) or isinstance(exc, httpx.TimeoutException | RequestTimeout):
-        return Discard.UNKNOWN_STATE  # cancelled or timed out mid-exchange
-    if conn.reused and not conn.received_any and _is_disconnect(exc):
-        return Discard.PEER_CLOSED
-    return Discard.ERROR
+def _replayable(request: httpx.Request) -> bool:
+    return isinstance(request.stream, httpx.ByteStream)
 
 
-def _is_disconnect(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError)
-
-
-def _can_retry(exc: BaseException, conn: HTTP11Connection, request: httpx.Request) -> bool:
-    if not (conn.reused and not conn.received_any and _is_disconnect(exc)):
+def _can_retry(exc: BaseException, exchange: Exchange, request: httpx.Request) -> bool:
+    if not (exchange.reused and not exchange.received_any and is_disconnect(exc)):
         return False
-    if not isinstance(request.stream, httpx.ByteStream):
+    if not _replayable(request):
         return False  # a streamed body was (partly) consumed: it cannot be sent again
     idempotent = request.method in IDEMPOTENT_METHODS or "idempotency-key" in request.headers
-    return idempotent or not conn.wrote_any
+    return idempotent or not exchange.wrote_any

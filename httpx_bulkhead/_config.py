@@ -21,6 +21,9 @@ DEFAULT_IDLE_TIMEOUT = 4.0
 DEFAULT_MAX_PENDING = 1024
 DEFAULT_MAX_CONCURRENCY = 100
 DEFAULT_LIFETIME_JITTER = 0.1
+#: HTTP/2 streams we open per connection at most (the peer's cap applies too).
+DEFAULT_MAX_STREAMS = 100
+DEFAULT_PING_TIMEOUT = 5.0
 
 
 def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
@@ -73,6 +76,13 @@ class Policy:
         lifetime_jitter: each connection's lifetime is drawn uniformly from
             ``max_lifetime * [1 - lifetime_jitter, 1]`` so connections do not expire
             together. Default 0.1; 0 disables jitter. Must be in ``[0, 1)``.
+        max_streams_per_connection: HTTP/2 only: our cap on concurrent streams per
+            connection; the peer's SETTINGS_MAX_CONCURRENT_STREAMS applies too and the lower
+            wins. Default 100; ``None`` means the peer's value alone.
+        ping_after: HTTP/2 only: a connection silent this many seconds is checked with a
+            PING before it is reused, and closed if the PING is not answered within
+            ``ping_timeout``. ``None`` (default) disables the check.
+        ping_timeout: seconds to wait for a PING answer. Default 5.0.
     """
 
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
@@ -84,6 +94,9 @@ class Policy:
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     max_lifetime: float | None = None
     lifetime_jitter: float = DEFAULT_LIFETIME_JITTER
+    max_streams_per_connection: int | None = DEFAULT_MAX_STREAMS
+    ping_after: float | None = None
+    ping_timeout: float = DEFAULT_PING_TIMEOUT
 
     def __post_init__(self) -> None:
         _check_int("max_concurrency", self.max_concurrency, 1)
@@ -95,6 +108,9 @@ class Policy:
         _check_seconds("idle_timeout", self.idle_timeout, allow_zero=True)
         _check_seconds("max_lifetime", self.max_lifetime, allow_zero=False)
         _check_seconds("lifetime_jitter", self.lifetime_jitter, allow_zero=True, optional=False)
+        _check_int("max_streams_per_connection", self.max_streams_per_connection, 1, optional=True)
+        _check_seconds("ping_after", self.ping_after, allow_zero=True)
+        _check_seconds("ping_timeout", self.ping_timeout, allow_zero=False, optional=False)
         if self.lifetime_jitter >= 1:
             raise ValueError(f"Policy.lifetime_jitter must be < 1, got {self.lifetime_jitter!r}")
 

@@ -11,7 +11,6 @@ both sides agreed to keep alive.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
@@ -20,11 +19,12 @@ import anyio.abc
 import h11
 import httpx
 
-from ._exceptions import Phase, RequestTimeout, raise_mapped
+from ._exceptions import raise_mapped
+from ._exchange import ResponseHead, Timeouts, discard_reason, run_io
 from ._network import TraceFn, close_stream, emit, is_readable
-from ._pool import Origin, PoolEntry
+from ._pool import Discard, Origin, PoolEntry
 
-__all__ = ["HTTP11Connection", "Timeouts"]
+__all__ = ["HTTP11Connection", "next_connection_id"]
 
 READ_SIZE = 65536
 #: Largest response head (status line and headers) accepted, in bytes.
@@ -35,53 +35,59 @@ EXPECT_CONTINUE_WAIT = 1.0
 _ids = itertools.count(1)
 
 
-class Timeouts:
-    """Per-operation timeouts (httpx's ``read``/``write``) and the total deadline.
-
-    ``deadline`` is a ``time.monotonic()`` instant (``None``: none) set by
-    ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
-    """
-
-    __slots__ = ("deadline", "read", "write")
-
-    def __init__(self, read: float | None, write: float | None, deadline: float | None) -> None:
-        self.read = read
-        self.write = write
-        self.deadline = deadline
-
-    def budget(self, op: float | None) -> tuple[float | None, bool]:
-        """``(seconds, is_deadline)``: how long the next operation may take, and whether the
-        total deadline (rather than the operation's own timeout) is what bounds it."""
-        if self.deadline is None:
-            return op, False
-        left = self.deadline - time.monotonic()
-        if op is None or left <= op:
-            return max(left, 0.0), True
-        return op, False
+def next_connection_id() -> int:
+    """A process-wide number for a new connection (shown in logs and ExchangeInfo)."""
+    return next(_ids)
 
 
 class HTTP11Connection(PoolEntry):
     """An HTTP/1.1 connection in a compartment's pool."""
 
-    __slots__ = ("_h11", "_stream", "id", "keep_alive", "received_any", "wrote_any")
+    __slots__ = (
+        "_eof",
+        "_h11",
+        "_head_bytes",
+        "_stream",
+        "id",
+        "keep_alive",
+        "received_any",
+        "reused",
+        "wrote_any",
+    )
 
     def __init__(self, origin: Origin, stream: anyio.abc.ByteStream) -> None:
         super().__init__(origin)
-        self.id = next(_ids)
+        self.id = next_connection_id()
+        self.reused = False
         self._stream = stream
         self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_SIZE)
         self.keep_alive: float | None = None  # the server's Keep-Alive: timeout=, seconds
         self.received_any = False  # a response byte arrived in the current exchange
+        self._head_bytes = 0  # bytes read while waiting for the response head
+        self._eof = False  # the peer closed its side
         self.wrote_any = False  # a request byte was handed to the OS in the current exchange
 
-    # -- health ------------------------------------------------------------------------
-    def is_stale(self) -> bool:
-        """An idle connection that must not be reused: the peer closed it or sent data."""
-        return bool(self._h11.trailing_data[0]) or is_readable(self._stream)
+    # -- the Connection protocol: one exchange at a time, the connection is the exchange ---
+    def start_exchange(self) -> HTTP11Connection:
+        self.reused = self.served > 1
+        self.received_any = self.wrote_any = False
+        self._head_bytes = 0
+        return self
 
-    @property
-    def reusable(self) -> bool:
-        return self._h11.our_state is h11.IDLE and self._h11.their_state is h11.IDLE
+    async def check_reusable(self) -> Discard | None:
+        """An idle connection must be silent: readable means the peer closed it or sent
+        bytes nobody asked for."""
+        if self._h11.trailing_data[0] or is_readable(self._stream):
+            return Discard.PEER_CLOSED
+        return None
+
+    def completed(self) -> tuple[bool, float | None]:
+        idle = self._h11.our_state is h11.IDLE and self._h11.their_state is h11.IDLE
+        return idle and not self._eof, self.keep_alive
+
+    async def abandon(self, exc: BaseException) -> Discard | None:
+        """HTTP/1.1 has no way to cancel one exchange: the connection goes."""
+        return discard_reason(exc, self)
 
     async def aclose(self) -> None:
         await close_stream(self._stream)
@@ -89,14 +95,13 @@ class HTTP11Connection(PoolEntry):
     # -- the exchange ------------------------------------------------------------------
     async def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
-    ) -> h11.Response:
+    ) -> ResponseHead:
         """Write the request (streaming its body) and read the response head.
 
         Raises:
             httpx.WriteError, WriteTimeout, ReadError, ReadTimeout, RemoteProtocolError,
             LocalProtocolError, RequestTimeout.
         """
-        self.received_any = self.wrote_any = False
         target = request.extensions.get("target", request.url.raw_path)
         event = h11.Request(method=request.method, target=target, headers=request.headers.raw)
         await emit(trace, "http11.send_request_headers.started", {"request": request})
@@ -128,7 +133,12 @@ class HTTP11Connection(PoolEntry):
             "http11.receive_response_headers.complete",
             {"return_value": (b"HTTP/1.1", response.status_code, response.reason, [])},
         )
-        return response
+        return ResponseHead(
+            response.status_code,
+            response.headers.raw_items(),
+            b"HTTP/" + response.http_version,
+            response.reason,
+        )
 
     async def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
         """The next chunk of the response body; ``None`` once the body is complete (the
@@ -185,7 +195,7 @@ class HTTP11Connection(PoolEntry):
             while self._h11.client_is_waiting_for_100_continue:
                 event = self._next_event(request)
                 if event is h11.NEED_DATA:
-                    await self._receive(request, timeouts)
+                    await self._receive(request, timeouts, head=True)
                 elif isinstance(event, h11.Response):
                     return event
         return None
@@ -194,7 +204,7 @@ class HTTP11Connection(PoolEntry):
         while True:
             event = self._next_event(request)
             if event is h11.NEED_DATA:
-                await self._receive(request, timeouts)
+                await self._receive(request, timeouts, head=True)
             elif isinstance(event, h11.Response):
                 return event
             elif isinstance(event, h11.ConnectionClosed):
@@ -230,20 +240,30 @@ class HTTP11Connection(PoolEntry):
             raise_mapped(exc, "write", request)
         if not data:
             return
-        await self._io(self._stream.send(data), "write", timeouts.write, request, timeouts)
+        await run_io(self._stream.send(data), "write", timeouts.write, request, timeouts)
         self.wrote_any = True
 
-    async def _receive(self, request: httpx.Request, timeouts: Timeouts) -> None:
+    async def _receive(
+        self, request: httpx.Request, timeouts: Timeouts, *, head: bool = False
+    ) -> None:
+        size = READ_SIZE
+        if head:
+            # h11 only limits an *incomplete* head; reading no more than one byte past the
+            # limit makes every head longer than MAX_HEAD_SIZE incomplete when it is checked.
+            size = max(1, min(READ_SIZE, MAX_HEAD_SIZE + 1 - self._head_bytes))
         try:
-            data = await self._io(
-                self._stream.receive(READ_SIZE), "read", timeouts.read, request, timeouts
+            data = await run_io(
+                self._stream.receive(size), "read", timeouts.read, request, timeouts
             )
         except httpx.ReadError as exc:
             if not isinstance(exc.__cause__, anyio.EndOfStream):
                 raise
             data = b""  # EOF: h11 decides whether that ends the message or breaks it
+            self._eof = True
         if data:
             self.received_any = True
+            if head:
+                self._head_bytes += len(data)
         elif not self.received_any and self._h11.their_state is h11.SEND_RESPONSE:
             # EOF before a single response byte: the server closed the connection (often
             # an idle keep-alive close racing our request).  Safe to retry, if anything is.
@@ -251,27 +271,6 @@ class HTTP11Connection(PoolEntry):
                 "Server disconnected without sending a response.", request=request
             )
         self._h11.receive_data(data)
-
-    async def _io(
-        self,
-        awaitable: Any,
-        phase: Phase,
-        op_timeout: float | None,
-        request: httpx.Request,
-        timeouts: Timeouts,
-    ) -> Any:
-        limit, by_deadline = timeouts.budget(op_timeout)
-        try:
-            if limit is None:
-                return await awaitable
-            with anyio.fail_after(limit):
-                return await awaitable
-        except TimeoutError as exc:
-            if by_deadline:
-                raise RequestTimeout("request_timeout passed", request=request) from exc
-            raise_mapped(exc, phase, request)
-        except Exception as exc:
-            raise_mapped(exc, phase, request)
 
 
 def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:

@@ -5,20 +5,29 @@ Theory of operation
 Pure bookkeeping: no I/O, no clock (``now`` is an argument), no awaits.  The async shell
 dials, closes and reads; this module only decides.
 
-* ``total`` counts every connection the compartment holds open *or is dialing*; it never
-  exceeds ``max_connections``.  A dial is reserved (``total += 1``) before it starts, so
-  concurrent requests never open more connections than allowed.
-* Idle connections are kept per origin in an ``OrderedDict`` used as a stack: checkout takes
-  the most recently used one (LIFO), so a burst's surplus connections stay unused and expire.
-  A second ``OrderedDict`` across origins is ordered by time of release (LRU first): expired
-  connections are pruned from its front, each once, so the work per checkout is amortized
-  O(1) and never a scan over all connections.
-* A connection is never expired mid-request: idle and lifetime limits are checked when it is
-  released and when it is picked from the idle stack.
-* When a request holds a bulkhead slot but no connection can be had (``max_connections``
-  reached, none idle for its origin), it waits in a FIFO here.  Whatever frees capacity is
-  handed straight to the head waiter: a released connection of its origin, or else the right
-  to dial (the freed or evicted connection's place in ``total``).  Nobody barges.
+Connections carry requests: an HTTP/1.1 connection one at a time (``cap == 1``), an HTTP/2
+connection up to ``cap`` concurrent streams, where ``cap`` follows the peer's
+SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 §5.1.2) and may change at any time.  ``active``
+counts what a connection carries now; it has *spare* capacity while ``active < cap`` and it
+is not draining (GOAWAY received, or past its lifetime).
+
+Invariants:
+
+* ``total`` counts every connection held open *or being dialed*; ``total <= max_connections``.
+  A dial is reserved (``total += 1``) before it starts.
+* ``_available[origin]`` holds exactly the connections with spare capacity, most recently
+  used last: checkout takes from the end (LIFO), so surplus connections stay unused and
+  expire.  ``_lru`` holds exactly the connections with ``active == 0``, oldest first:
+  expired ones are pruned from its front, each once (amortized O(1), never a scan).
+* A connection is never expired mid-request: idle and lifetime limits are checked when it
+  is picked or released.  A multiplexed connection past its lifetime drains: no new
+  streams, closed when its last stream ends.
+* Waiting is FIFO and nobody barges.  A request that cannot be served waits in one of two
+  queues: for *streams* of its origin, when a multiplexed connection being dialed (or
+  already open) is expected to carry it (this coalesces dials: a burst of requests to an
+  HTTP/2 origin opens one connection, not one each); or for a connection *place* (the right
+  to dial).  Whatever frees capacity is handed straight to the head waiter that can use it.
+* Every operation is O(1) amortized: queues are ``OrderedDict``s indexed by origin.
 """
 
 from __future__ import annotations
@@ -43,6 +52,10 @@ __all__ = [
 
 Origin: TypeAlias = tuple[str, str, int]
 
+#: Streams assumed for a multiplexed origin before its first SETTINGS frame: effectively
+#: "as many as wait", so a burst coalesces onto the first dial until the peer's cap is known.
+_UNKNOWN_CAP = 1 << 30
+
 
 class Discard(enum.Enum):
     """Why a connection was closed; each has a counter in the statistics."""
@@ -52,22 +65,43 @@ class Discard(enum.Enum):
     UNKNOWN_STATE = "unknown_state"  # exchange cut by timeout/cancel/early close
     PEER_CLOSED = "peer_closed"  # the server closed it (seen idle, or on reuse)
     ERROR = "error"  # network or protocol error
-    NOT_REUSABLE = "not_reusable"  # the protocol says close (Connection: close, HTTP/1.0)
+    NOT_REUSABLE = "not_reusable"  # the protocol says close (Connection: close, GOAWAY)
     SURPLUS = "surplus"  # more idle connections than max_idle_connections
+    PING_TIMEOUT = "ping_timeout"  # an HTTP/2 health-check PING was not answered
     CLOSED = "closed"  # the transport was closed
 
 
 class PoolEntry:
     """What the pool knows of a connection.  Connection classes inherit from it."""
 
-    __slots__ = ("expires_at", "idle_deadline", "in_pool", "origin", "reused")
+    __slots__ = (
+        "active",
+        "cap",
+        "draining",
+        "expires_at",
+        "idle_deadline",
+        "in_pool",
+        "multiplexed",
+        "origin",
+        "served",
+        "settled",
+    )
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
+        self.active = 0  # requests (streams) in flight on it
+        self.cap = 1  # concurrent requests it may carry
+        self.multiplexed = False  # HTTP/2
+        self.draining = False  # takes no new request; closed when idle
         self.expires_at = math.inf  # end of its (jittered) lifetime
         self.idle_deadline = math.inf  # while idle: when it must be closed
         self.in_pool = True  # counted in ``total``; False once discarded
-        self.reused = False  # has served a request before the current one
+        self.served = 0  # requests it has been given
+        self.settled = True  # its cap is known (an HTTP/2 connection: SETTINGS received)
+
+    @property
+    def spare(self) -> int:
+        return 0 if self.draining else max(0, self.cap - self.active)
 
 
 class _Dial:
@@ -75,21 +109,23 @@ class _Dial:
         return "DIAL"
 
 
-#: ``checkout`` result: the caller may open a new connection (its place is reserved).
+#: A grant: the caller may open a new connection (its place is reserved).
 DIAL = _Dial()
 
 Grant: TypeAlias = PoolEntry | _Dial
 
 
 class PoolWaiter:
-    """A request waiting for a connection.  ``wake`` is called once, with ``grant`` set."""
+    """A request waiting for a connection.  ``wake`` is called once, with ``grant`` set
+    (or left ``None`` when the pool is closed)."""
 
-    __slots__ = ("grant", "origin", "wake")
+    __slots__ = ("for_streams", "grant", "origin", "wake")
 
     def __init__(self, origin: Origin, wake: Callable[[], None]) -> None:
         self.origin = origin
         self.wake = wake
         self.grant: Grant | None = None
+        self.for_streams = False  # queued for streams of its origin, not for a place
 
 
 def keep_alive_deadline(idle_timeout: float | None, hint: float | None) -> float:
@@ -102,6 +138,48 @@ def keep_alive_deadline(idle_timeout: float | None, hint: float | None) -> float
     return limit
 
 
+class _Queue:
+    """A FIFO of waiters, also indexed by origin (both ``OrderedDict``: O(1) everything)."""
+
+    __slots__ = ("all", "by_origin")
+
+    def __init__(self) -> None:
+        self.all: OrderedDict[PoolWaiter, None] = OrderedDict()
+        self.by_origin: dict[Origin, OrderedDict[PoolWaiter, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def count(self, origin: Origin) -> int:
+        queue = self.by_origin.get(origin)
+        return len(queue) if queue else 0
+
+    def push(self, waiter: PoolWaiter) -> None:
+        self.all[waiter] = None
+        self.by_origin.setdefault(waiter.origin, OrderedDict())[waiter] = None
+
+    def remove(self, waiter: PoolWaiter) -> bool:
+        if waiter not in self.all:
+            return False
+        del self.all[waiter]
+        del self.by_origin[waiter.origin][waiter]
+        return True
+
+    def head(self, origin: Origin | None = None) -> PoolWaiter | None:
+        queue = self.all if origin is None else self.by_origin.get(origin)
+        return next(iter(queue)) if queue else None
+
+    def tail(self, origin: Origin) -> PoolWaiter | None:
+        queue = self.by_origin.get(origin)
+        return next(reversed(queue)) if queue else None
+
+    def drain(self) -> list[PoolWaiter]:
+        waiters = list(self.all)
+        self.all.clear()
+        self.by_origin.clear()
+        return waiters
+
+
 class Pool:
     """Connections of one compartment.
 
@@ -111,6 +189,8 @@ class Pool:
         idle_timeout: seconds idle before expiry; ``None`` never.
         max_lifetime: seconds; ``None`` means unlimited.
         lifetime_jitter: fraction of ``max_lifetime`` randomly taken off each connection's.
+        may_multiplex: whether a new connection to an origin may turn out to be HTTP/2
+            (then concurrent requests wait for its first dial instead of dialing each).
         rng: source of the jitter (tests pass a seeded one).
     """
 
@@ -122,6 +202,7 @@ class Pool:
         idle_timeout: float | None,
         max_lifetime: float | None,
         lifetime_jitter: float,
+        may_multiplex: Callable[[Origin], bool] = lambda origin: False,
         rng: random.Random | None = None,
     ) -> None:
         self.max_connections = max_connections
@@ -129,13 +210,25 @@ class Pool:
         self.idle_timeout = idle_timeout
         self.max_lifetime = max_lifetime
         self.lifetime_jitter = lifetime_jitter
+        self._may_multiplex = may_multiplex
         self._rng = rng or random.Random()
         self.total = 0
-        self._idle: dict[Origin, OrderedDict[PoolEntry, None]] = {}
+        self._available: dict[Origin, OrderedDict[PoolEntry, None]] = {}
         self._lru: OrderedDict[PoolEntry, None] = OrderedDict()
-        self._waiters: OrderedDict[PoolWaiter, None] = OrderedDict()
+        self._streams = _Queue()  # waiting for streams of their origin
+        self._places = _Queue()  # waiting for a connection place
+        self._dialing: dict[Origin, int] = {}
+        self._cap: dict[Origin, int] = {}  # last stream cap seen per multiplexed origin
+        self._multiplexed: dict[Origin, bool] = {}  # learned from the first connection
+        self._unsettled: dict[Origin, int] = {}  # multiplexed connections before SETTINGS
+        self._open: dict[Origin, int] = {}  # connections open per origin
         self.created = 0
         self.discards = dict.fromkeys(Discard, 0)
+        #: Dials made because every multiplexed connection of the origin was at its cap.
+        self.scale_outs = 0
+        #: Requests that waited and were then served by an open connection (HTTP/1.1: one
+        #: released by another request; HTTP/2: a stream that became free).
+        self.stream_waits = 0
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -144,7 +237,7 @@ class Pool:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self._streams) + len(self._places)
 
     # -- checkout ----------------------------------------------------------------------
     def checkout(
@@ -152,140 +245,273 @@ class Pool:
     ) -> tuple[Grant | None, list[PoolEntry]]:
         """Pick a connection for a request to ``origin`` (a new one if ``fresh``).
 
-        Returns ``(grant, to_close)``: ``grant`` is an idle connection (now in use), ``DIAL``
-        (open one; its place is reserved) or ``None`` (call ``wait``).  ``to_close`` are
-        expired connections the caller must close; they are already out of the pool.
+        Returns ``(grant, to_close)``: ``grant`` is a connection (its ``active`` already
+        counts this request), ``DIAL`` (open one; its place is reserved) or ``None`` (call
+        ``wait``).  ``to_close`` are expired connections the caller must close; they are
+        already out of the pool.
         """
         to_close = self._prune(now)
-        if self._waiters:  # no barging past connection waiters
-            return None, to_close
-        stack = None if fresh else self._idle.get(origin)
-        while stack:
-            entry, _ = stack.popitem(last=True)
-            del self._lru[entry]
-            reason = self._expired(entry, now)
-            if reason is None:
-                entry.reused = True
+        if self._streams.count(origin) or self._places.count(origin):
+            return None, to_close  # no barging past this origin's waiters
+        if not fresh:
+            entry = self._pick(origin, now, to_close)
+            if entry is not None:
                 return entry, to_close
-            self._drop(entry, reason)
-            to_close.append(entry)
-        if self.total < self.max_connections:
-            self.total += 1
+        if not fresh and self._expects_streams(origin, 1):
+            return None, to_close
+        if not self._places and self._reserve_place(origin, to_close):  # places go FIFO
             return DIAL, to_close
-        if self._lru:  # full, but idle connections to other origins: evict the oldest
-            victim, _ = self._lru.popitem(last=False)
-            del self._idle[victim.origin][victim]
-            self._drop(victim, Discard.SURPLUS)
-            to_close.append(victim)
-            self.total += 1
-            return DIAL, to_close
+        if fresh:  # no room for a new connection: an existing one will do
+            return self._pick(origin, now, to_close), to_close
         return None, to_close
 
     def wait(self, waiter: PoolWaiter) -> None:
         """Queue a request that got ``None`` from ``checkout``."""
-        self._waiters[waiter] = None
+        if self._expects_streams(waiter.origin, self._streams.count(waiter.origin) + 1):
+            waiter.for_streams = True
+            self._streams.push(waiter)
+        else:
+            self._places.push(waiter)
+            self._rebalance(waiter.origin, [])  # there may be room it can have at once
 
     def cancel(self, waiter: PoolWaiter) -> list[PoolEntry]:
-        """The waiter gave up.  A grant it had not used yet is passed on (or pooled).
-        Returns connections to close."""
+        """The waiter gave up.  A grant it had not used yet is passed on.  Returns
+        connections to close."""
         if waiter.grant is None:
-            self._waiters.pop(waiter, None)
+            queue = self._streams if waiter.for_streams else self._places
+            if queue.remove(waiter):
+                self._rebalance(waiter.origin, [])
             return []
         grant, waiter.grant = waiter.grant, None
         if grant is DIAL:
-            self.dial_failed()
+            self.dial_failed(waiter.origin)
             return []
         assert isinstance(grant, PoolEntry)
-        return self._offer(grant)
+        return self.release(grant, math.nan, reusable=True)
 
     # -- dialing -----------------------------------------------------------------------
-    def dialed(self, entry: PoolEntry, now: float) -> None:
-        """A reserved dial succeeded: ``entry`` is open and in use."""
+    def dialed(self, entry: PoolEntry, now: float, *, multiplexed: bool = False) -> None:
+        """A reserved dial succeeded: ``entry`` is open and carries the dialer's request.
+
+        A multiplexed connection starts with a cap of one stream until the peer's
+        SETTINGS arrive (``set_cap``)."""
+        origin = entry.origin
+        self._dialing[origin] -= 1
         self.created += 1
+        self._open[origin] = self._open.get(origin, 0) + 1
+        entry.active, entry.served, entry.cap = 1, 1, 1
+        entry.multiplexed = multiplexed
+        self._multiplexed[origin] = multiplexed
+        if multiplexed:
+            entry.settled = False
+            self._unsettled[origin] = self._unsettled.get(origin, 0) + 1
         if self.max_lifetime is not None:
             jitter = self.lifetime_jitter * self._rng.random()
             entry.expires_at = now + self.max_lifetime * (1.0 - jitter)
+        self._index(entry)
+        self._rebalance(origin, [])
 
-    def dial_failed(self) -> None:
+    def dial_failed(self, origin: Origin) -> None:
         """A reserved dial failed: free its place (or hand it to the head waiter)."""
-        if self._waiters:
-            self._grant_head(DIAL)
-        else:
-            self.total -= 1
+        self._dialing[origin] -= 1
+        self.total -= 1
+        self._rebalance(origin, [])
+
+    def set_cap(self, entry: PoolEntry, cap: int) -> list[PoolEntry]:
+        """The peer changed how many concurrent streams ``entry`` may carry.  Lowering lets
+        streams in flight finish; raising hands the new room to waiters at once."""
+        entry.cap = cap
+        if not entry.in_pool:
+            return []
+        self._cap[entry.origin] = cap
+        self._settle(entry)
+        self._index(entry)
+        to_close: list[PoolEntry] = []
+        self._rebalance(entry.origin, to_close)
+        return to_close
+
+    def drain(self, entry: PoolEntry) -> list[PoolEntry]:
+        """No new request on ``entry`` (GOAWAY): closed once idle.  Returns it if idle."""
+        if not entry.in_pool or entry.draining:
+            return []
+        entry.draining = True
+        if entry.active == 0:
+            return self.discard(entry, Discard.NOT_REUSABLE)
+        self._index(entry)
+        to_close: list[PoolEntry] = []
+        self._rebalance(entry.origin, to_close)
+        return to_close
 
     # -- release -----------------------------------------------------------------------
-    def checkin(
-        self, entry: PoolEntry, now: float, *, reusable: bool, keep_alive: float | None = None
+    def release(
+        self,
+        entry: PoolEntry,
+        now: float,
+        *,
+        reusable: bool,
+        keep_alive: float | None = None,
     ) -> list[PoolEntry]:
-        """A request finished with ``entry``.  Returns connections to close (maybe ``entry``).
+        """A request finished with ``entry``.  Returns connections to close (maybe it).
 
         Args:
+            now: the clock; ``nan`` for a grant returned unused (deadlines unchanged).
             reusable: the protocol state allows another request (else it is discarded).
             keep_alive: the server's ``Keep-Alive: timeout=`` in seconds, if it sent one.
         """
         if not entry.in_pool:
             return []
+        entry.active -= 1
         if not reusable:
             return self.discard(entry, Discard.NOT_REUSABLE)
-        if entry.expires_at <= now:
-            return self.discard(entry, Discard.LIFETIME_EXPIRED)
-        idle_for = keep_alive_deadline(self.idle_timeout, keep_alive)
-        entry.idle_deadline = now + idle_for
-        if idle_for <= 0 and not self._waiters:
-            return self.discard(entry, Discard.IDLE_EXPIRED)
-        return self._offer(entry)
+        if entry.expires_at <= now:  # past its lifetime: no new request on it
+            entry.draining = True
+        if entry.active == 0:
+            if entry.draining:
+                reason = Discard.LIFETIME_EXPIRED if entry.expires_at <= now else None
+                return self.discard(entry, reason or Discard.NOT_REUSABLE)
+            if not math.isnan(now):
+                idle_for = keep_alive_deadline(self.idle_timeout, keep_alive)
+                entry.idle_deadline = now + idle_for
+        self._index(entry)
+        to_close: list[PoolEntry] = []
+        self._rebalance(entry.origin, to_close)
+        expired = entry.idle_deadline <= now
+        if entry.in_pool and entry.active == 0 and (expired or len(self._lru) > self.max_idle):
+            reason = Discard.IDLE_EXPIRED if expired else Discard.SURPLUS
+            to_close.extend(self.discard(entry, reason))
+        return to_close
 
     def discard(self, entry: PoolEntry, reason: Discard) -> list[PoolEntry]:
         """Close ``entry`` (in use or idle) for ``reason``; its place goes to a waiter."""
         if not entry.in_pool:
             return [entry]
-        if entry in self._lru:
-            del self._lru[entry]
-            del self._idle[entry.origin][entry]
+        self._unindex(entry)
         self._drop(entry, reason)
-        if self._waiters:
-            self.total += 1
-            self._grant_head(DIAL)
-        return [entry]
+        to_close = [entry]
+        self._rebalance(entry.origin, to_close)
+        return to_close
 
-    def drain_waiters(self) -> list[PoolWaiter]:
-        """Remove every connection waiter (with no grant) for the caller to wake."""
-        waiters = list(self._waiters)
-        self._waiters.clear()
-        return waiters
-
-    def close(self) -> list[PoolEntry]:
-        """Forget every idle connection (returned for closing).  Waiters are the caller's
-        to wake: their slots were already refused by the limiter's close."""
+    def close(self) -> tuple[list[PoolEntry], list[PoolWaiter]]:
+        """Forget every idle connection and waiter: returns the connections to close and
+        the waiters to wake (with no grant).  No dial is allowed afterwards."""
+        self.max_connections = 0
         closing = list(self._lru)
         for entry in closing:
+            self._unindex(entry)
             self._drop(entry, Discard.CLOSED)
-        self._lru.clear()
-        self._idle.clear()
-        return closing
+        return closing, self._streams.drain() + self._places.drain()
 
     # -- internals ---------------------------------------------------------------------
-    def _offer(self, entry: PoolEntry) -> list[PoolEntry]:
-        """Give a free connection to the head waiter, or keep it idle."""
-        if self._waiters:
-            head = next(iter(self._waiters))
-            if head.origin == entry.origin:
-                entry.reused = True
-                self._grant_head(entry)
-                return []
-            # The head wants another origin: this connection's place becomes its dial.
-            self._drop(entry, Discard.SURPLUS)
-            self.total += 1
-            self._grant_head(DIAL)
-            return [entry]
-        if len(self._lru) >= self.max_idle:
-            return self.discard(entry, Discard.SURPLUS)
-        self._lru[entry] = None
-        self._idle.setdefault(entry.origin, OrderedDict())[entry] = None
-        return []
+    def _pick(self, origin: Origin, now: float, to_close: list[PoolEntry]) -> PoolEntry | None:
+        available = self._available.get(origin)
+        while available:
+            entry = next(reversed(available))
+            if entry.active == 0:
+                reason = self._expired(entry, now)
+                if reason is not None:
+                    self._unindex(entry)
+                    self._drop(entry, reason)
+                    to_close.append(entry)
+                    continue
+            self._take(entry)
+            return entry
+        return None
 
-    def _grant_head(self, grant: Grant) -> None:
-        waiter, _ = self._waiters.popitem(last=False)
+    def _take(self, entry: PoolEntry) -> None:
+        entry.active += 1
+        entry.served += 1
+        self._index(entry)
+
+    def _index(self, entry: PoolEntry) -> None:
+        """Put ``entry`` in exactly the structures its state calls for."""
+        available = self._available.setdefault(entry.origin, OrderedDict())
+        if entry.spare > 0:
+            available[entry] = None
+            available.move_to_end(entry)
+        else:
+            available.pop(entry, None)
+        if entry.active == 0:
+            if entry not in self._lru:
+                self._lru[entry] = None
+        else:
+            self._lru.pop(entry, None)
+
+    def _unindex(self, entry: PoolEntry) -> None:
+        available = self._available.get(entry.origin)
+        if available is not None:
+            available.pop(entry, None)
+        self._lru.pop(entry, None)
+
+    def _expects_streams(self, origin: Origin, waiting: int) -> bool:
+        """Whether ``waiting`` requests can count on streams of this origin's multiplexed
+        connections (open ones, and dials in flight) instead of dialing their own."""
+        multiplexed = self._multiplexed.get(origin)
+        if multiplexed is None:
+            multiplexed = self._may_multiplex(origin)
+        if not multiplexed:
+            return False
+        coming = self._dialing.get(origin, 0) + self._unsettled.get(origin, 0)
+        return waiting <= coming * max(1, self._cap.get(origin, _UNKNOWN_CAP))
+
+    def _reserve_place(self, origin: Origin, to_close: list[PoolEntry]) -> bool:
+        if self.total >= self.max_connections:
+            if not self._lru or self.max_connections == 0:
+                return False
+            victim = next(iter(self._lru))  # full: evict the oldest idle connection
+            self._unindex(victim)
+            self._drop(victim, Discard.SURPLUS)
+            to_close.append(victim)
+        self.total += 1
+        self._dialing[origin] = self._dialing.get(origin, 0) + 1
+        if self._multiplexed.get(origin) and self._open.get(origin):
+            self.scale_outs += 1  # its multiplexed connections are all at their cap
+        return True
+
+    def _rebalance(self, origin: Origin, to_close: list[PoolEntry]) -> None:
+        """Hand whatever is free to the waiters that can use it, head first."""
+        # 1. Spare capacity of this origin's connections: its waiters, streams first.
+        available = self._available.get(origin)
+        while available:
+            waiter = self._streams.head(origin) or self._places.head(origin)
+            if waiter is None:
+                break
+            entry = next(reversed(available))
+            (self._streams if waiter.for_streams else self._places).remove(waiter)
+            self._take(entry)
+            self.stream_waits += 1
+            self._grant(waiter, entry)
+        # 2. Stream waiters no longer covered by dials in flight need places of their own.
+        while self._streams.count(origin) and not self._expects_streams(
+            origin, self._streams.count(origin)
+        ):
+            waiter = self._streams.tail(origin)
+            assert waiter is not None
+            self._streams.remove(waiter)
+            waiter.for_streams = False
+            self._places.push(waiter)
+        # 3. Places, in FIFO order, while the pool has room (or idle ones to evict).
+        while self._places:
+            head = self._places.head()
+            assert head is not None
+            if not self._reserve_place(head.origin, to_close):
+                break
+            self._places.remove(head)
+            self._grant(head, DIAL)
+            # The new dial may cover the origin's remaining place waiters.
+            self._cover(head.origin)
+
+    def _cover(self, origin: Origin) -> None:
+        """Move place waiters that a dial in flight now covers to the stream queue."""
+        while self._places.count(origin) and self._expects_streams(
+            origin, self._streams.count(origin) + 1
+        ):
+            waiter = self._places.head(origin)
+            assert waiter is not None
+            self._places.remove(waiter)
+            waiter.for_streams = True
+            self._streams.push(waiter)
+
+    def _grant(self, waiter: PoolWaiter, grant: Grant) -> None:
         waiter.grant = grant
         waiter.wake()
 
@@ -303,13 +529,19 @@ class Pool:
             reason = self._expired(oldest, now)
             if reason is None:
                 break
-            del self._lru[oldest]
-            del self._idle[oldest.origin][oldest]
+            self._unindex(oldest)
             self._drop(oldest, reason)
             pruned.append(oldest)
         return pruned
 
+    def _settle(self, entry: PoolEntry) -> None:
+        if not entry.settled:
+            entry.settled = True
+            self._unsettled[entry.origin] -= 1
+
     def _drop(self, entry: PoolEntry, reason: Discard) -> None:
+        self._settle(entry)
         entry.in_pool = False
         self.total -= 1
+        self._open[entry.origin] -= 1
         self.discards[reason] += 1

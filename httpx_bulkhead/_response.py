@@ -1,8 +1,8 @@
-"""The response body stream: reads the body from the connection, then gives it all back.
+"""The response body stream: reads the body from the exchange, then gives everything back.
 
-The slot (and the connection) is held until the body has been read to the end, reading it
-failed, or the response was closed, whichever comes first; then, exactly once, the
-connection is pooled (complete exchange) or closed (anything else: its state is unknown)
+The slot (and the connection, or HTTP/2 stream) is held until the body has been read to the
+end, reading it failed, or the response was closed, whichever comes first; then, exactly
+once, the exchange is ended (the connection pooled, kept after a stream reset, or closed)
 and the slot is released.
 """
 
@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from ._compartment import Compartment, Outcome, discard_reason
-from ._http11 import HTTP11Connection, Timeouts
-from ._pool import Discard
+from ._compartment import Compartment, Outcome
+from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
 
 __all__ = ["ResponseStream"]
 
@@ -25,12 +24,14 @@ class ResponseStream(httpx.AsyncByteStream):
     def __init__(
         self,
         compartment: Compartment,
-        conn: HTTP11Connection,
+        conn: Connection,
+        exchange: Exchange,
         request: httpx.Request,
         timeouts: Timeouts,
     ) -> None:
         self._compartment = compartment
         self._conn = conn
+        self._exchange = exchange
         self._request = request
         self._timeouts = timeouts
         self._finished = False
@@ -46,7 +47,7 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished:
             raise StopAsyncIteration
         try:
-            chunk = await self._conn.receive_body(self._request, self._timeouts)
+            chunk = await self._exchange.receive_body(self._request, self._timeouts)
         except BaseException as exc:
             await self._finish(exc)
             raise
@@ -56,32 +57,22 @@ class ResponseStream(httpx.AsyncByteStream):
         return chunk
 
     async def aclose(self) -> None:
-        """Close the response: a body not read to the end leaves the connection in an
-        unknown state, so it is closed rather than pooled."""
+        """Close the response.  A body not read to the end leaves an HTTP/1.1 connection in
+        an unknown state (it is closed) and an HTTP/2 stream open (it is reset)."""
         if not self._finished:
-            await self._finish(None if self._conn.finish_buffered() else _ClosedEarly())
+            await self._finish(None if self._exchange.finish_buffered() else ClosedEarly())
 
     async def _finish(self, exc: BaseException | None) -> None:
         if self._finished:
             return
         self._finished = True
-        compartment = self._compartment
         try:
-            if exc is None:
-                await compartment.checkin(self._conn)
-            elif isinstance(exc, _ClosedEarly):
-                await compartment.discard(self._conn, Discard.UNKNOWN_STATE)
-            else:
-                await compartment.discard(self._conn, discard_reason(exc, self._conn))
+            await self._compartment.end_exchange(self._conn, self._exchange, exc)
         finally:
             if exc is None:
                 outcome = Outcome.COMPLETED
-            elif isinstance(exc, Exception) and not isinstance(exc, _ClosedEarly):
+            elif isinstance(exc, Exception) and not isinstance(exc, ClosedEarly):
                 outcome = Outcome.FAILED
             else:
                 outcome = Outcome.CANCELLED
-            compartment.release(outcome)
-
-
-class _ClosedEarly(Exception):
-    """Marker: the response was closed before its body was read to the end."""
+            self._compartment.release(outcome)

@@ -86,6 +86,23 @@ class CompartmentStats:
     not_reusable: int
     surplus: int
     closed: int
+    ping_timeouts: int
+    # HTTP/2
+    #: Open HTTP/2 connections, and the streams open on them.
+    http2_connections: int
+    open_streams: int
+    #: Each HTTP/2 connection's current stream cap (ascending).
+    stream_caps: tuple[int, ...]
+    goaways: int
+    #: Streams we reset (RST_STREAM) because their request was cancelled or timed out.
+    streams_reset: int
+    #: Requests sent again because HTTP/2 refused them unprocessed (GOAWAY, REFUSED_STREAM).
+    replays: int
+    #: New connections opened because every HTTP/2 connection was at its stream cap...
+    scale_outs: int
+    #: ...and requests that waited, then were served by an open connection's free capacity
+    #: (HTTP/2: a stream; HTTP/1.1: a connection another request released).
+    stream_waits: int
     # acquire wait (slot and connection), over the last ``WAIT_WINDOW`` acquisitions
     wait_p50: float
     wait_p95: float

@@ -10,10 +10,10 @@ from types import TracebackType
 
 import httpx
 
-from ._compartment import Compartment, Outcome
+from ._compartment import Compartment, Outcome, Protocols
 from ._config import Policy
 from ._exceptions import TransportClosed
-from ._http11 import Timeouts
+from ._exchange import Timeouts
 from ._network import Connector, SocketOption, set_alpn
 from ._response import ResponseStream
 from ._routing import Router
@@ -42,7 +42,9 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             either this or ``default``.
         verify, cert, trust_env: TLS settings, as for ``httpx.AsyncHTTPTransport``
             (verification is on by default).
-        http1: must stay ``True`` for now.  http2: HTTP/2 is not supported yet (``False``).
+        http1, http2: the HTTP versions spoken, as for ``httpx.AsyncHTTPTransport``: HTTP/2
+            is negotiated by ALPN on https; on http it is used (h2c, prior knowledge) only
+            when ``http1=False``.
         retries: connect retries, as for ``httpx.AsyncHTTPTransport``.
         local_address, uds, socket_options: as for ``httpx.AsyncHTTPTransport``.
 
@@ -74,15 +76,13 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             default = Policy() if limits is None else Policy.from_limits(limits)
         elif not isinstance(default, Policy):
             raise TypeError(f"default must be a Policy, got {type(default).__name__}")
-        if http2 or not http1:
-            raise NotImplementedError(
-                "http2: HTTP/2 is not supported by BulkheadTransport yet; use http1=True, "
-                "http2=False"
-            )
+        if not (http1 or http2):
+            raise ValueError("http1 and http2 are both False: no HTTP version left to speak")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
-        set_alpn(context, ["http/1.1"])
+        set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
+        self._protocols = Protocols(http1=http1, http2=http2)
         self._connector = Connector(
             ssl_context=context,
             local_address=local_address,
@@ -96,7 +96,9 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._closed = False
 
     def _compartment(self, name: str, policy: Policy) -> Compartment:
-        return Compartment(name, policy, self._connector, clock=self._clock, rng=self._rng)
+        return Compartment(
+            name, policy, self._connector, self._protocols, clock=self._clock, rng=self._rng
+        )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through its compartment.
@@ -129,7 +131,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             if policy.request_timeout is not None:
                 deadline = time.monotonic() + policy.request_timeout
             timeouts = Timeouts(timeout.get("read"), timeout.get("write"), deadline)
-            conn, head, retried, conn_wait = await compartment.send(
+            conn, exchange, head, retried, conn_wait = await compartment.send(
                 request,
                 origin,
                 acquire_deadline=acquire_deadline,
@@ -141,21 +143,24 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             raise
         queue_wait = waited + conn_wait
         compartment.record_wait(queue_wait)
+        extensions = {
+            "http_version": head.http_version,
+            "reason_phrase": head.reason,
+            "bulkhead": ExchangeInfo(
+                compartment=compartment.name,
+                queue_wait=queue_wait,
+                reused=exchange.reused,
+                retried=retried,
+                connection_id=conn.id,
+            ),
+        }
+        if head.stream_id is not None:
+            extensions["stream_id"] = head.stream_id
         return httpx.Response(
-            status_code=head.status_code,
-            headers=head.headers.raw_items(),
-            stream=ResponseStream(compartment, conn, request, timeouts),
-            extensions={
-                "http_version": b"HTTP/" + head.http_version,
-                "reason_phrase": head.reason,
-                "bulkhead": ExchangeInfo(
-                    compartment=compartment.name,
-                    queue_wait=queue_wait,
-                    reused=conn.reused,
-                    retried=retried,
-                    connection_id=conn.id,
-                ),
-            },
+            status_code=head.status,
+            headers=head.headers,
+            stream=ResponseStream(compartment, conn, exchange, request, timeouts),
+            extensions=extensions,
         )
 
     def statistics(self) -> dict[str, CompartmentStats]:

@@ -1,0 +1,155 @@
+"""What the compartment needs from a connection and from one request/response exchange on
+it, whatever the protocol: the seam between pool logic and HTTP/1.1 or HTTP/2 I/O."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from typing import NamedTuple, Protocol, TypeVar
+
+import anyio
+import httpx
+
+from ._exceptions import Phase, RequestTimeout, raise_mapped
+from ._network import TraceFn
+from ._pool import Discard
+
+T = TypeVar("T")
+
+__all__ = [
+    "ClosedEarly",
+    "Connection",
+    "Exchange",
+    "Refused",
+    "ResponseHead",
+    "Timeouts",
+    "discard_reason",
+    "is_disconnect",
+    "run_io",
+]
+
+
+class ResponseHead(NamedTuple):
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    http_version: bytes  # b"HTTP/1.1", b"HTTP/2"
+    reason: bytes
+    stream_id: int | None = None
+
+
+class Refused(Exception):
+    """Internal: the server did not process the request (GOAWAY above its stream id, or
+    REFUSED_STREAM), so it may be sent again on another connection (RFC 9113 §8.7)."""
+
+
+class ClosedEarly(Exception):
+    """Internal: the response was closed before its body was read to the end."""
+
+
+class Timeouts:
+    """Per-operation timeouts (httpx's ``read``/``write``) and the total deadline.
+
+    ``deadline`` is a ``time.monotonic()`` instant (``None``: none) set by
+    ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
+    """
+
+    __slots__ = ("deadline", "read", "write")
+
+    def __init__(self, read: float | None, write: float | None, deadline: float | None) -> None:
+        self.read = read
+        self.write = write
+        self.deadline = deadline
+
+    def budget(self, op: float | None) -> tuple[float | None, bool]:
+        """``(seconds, is_deadline)``: how long the next operation may take, and whether the
+        total deadline (rather than the operation's own timeout) is what bounds it."""
+        if self.deadline is None:
+            return op, False
+        left = self.deadline - time.monotonic()
+        if op is None or left <= op:
+            return max(left, 0.0), True
+        return op, False
+
+
+async def run_io(
+    awaitable: Awaitable[T],
+    phase: Phase,
+    op_timeout: float | None,
+    request: httpx.Request,
+    timeouts: Timeouts,
+) -> T:
+    """Await one network operation within its timeout and the total deadline, mapping
+    failures to httpx exceptions (``RequestTimeout`` when the deadline is what passed)."""
+    limit, by_deadline = timeouts.budget(op_timeout)
+    try:
+        if limit is None:
+            return await awaitable
+        with anyio.fail_after(limit):
+            return await awaitable
+    except TimeoutError as exc:
+        if by_deadline:
+            raise RequestTimeout("request_timeout passed", request=request) from exc
+        raise_mapped(exc, phase, request)
+    except Exception as exc:
+        raise_mapped(exc, phase, request)
+
+
+class Exchange(Protocol):
+    """One request and its response on a connection."""
+
+    #: The connection had served a request before this one.
+    reused: bool
+    #: A response byte (HTTP/1.1) or frame for this stream (HTTP/2) has arrived.
+    received_any: bool
+    #: A request byte was handed to the OS.
+    wrote_any: bool
+
+    async def send_request(
+        self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
+    ) -> ResponseHead: ...
+
+    async def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None: ...
+
+    def finish_buffered(self) -> bool:
+        """Consume what is left of the body without I/O; true if that reached its end."""
+        ...
+
+    def completed(self) -> tuple[bool, float | None]:
+        """After the body was read: ``(connection reusable, Keep-Alive timeout hint)``."""
+        ...
+
+    async def abandon(self, exc: BaseException) -> Discard | None:
+        """The exchange was cut by ``exc``.  Returns why the connection must be closed, or
+        ``None`` when it stays usable (an HTTP/2 stream was reset, its state is known)."""
+        ...
+
+
+class Connection(Protocol):
+    """A pooled connection that can start exchanges."""
+
+    @property
+    def id(self) -> int: ...
+
+    def start_exchange(self) -> Exchange: ...
+
+    async def check_reusable(self) -> Discard | None:
+        """Before reuse after being idle: ``None`` if fine, else why to close it."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def discard_reason(exc: BaseException, exchange: Exchange) -> Discard:
+    """Why a connection whose exchange ended with ``exc`` is closed (HTTP/1.1: always)."""
+    if not isinstance(exc, Exception) or isinstance(
+        exc, httpx.TimeoutException | RequestTimeout | ClosedEarly
+    ):
+        return Discard.UNKNOWN_STATE  # cut by cancellation, a timeout or an early close
+    if exchange.reused and not exchange.received_any and is_disconnect(exc):
+        return Discard.PEER_CLOSED
+    return Discard.ERROR
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """The peer went away (closed or reset) rather than answering badly."""
+    return isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError)

@@ -1,0 +1,168 @@
+"""HTTP/2 against hypercorn (h2 inside): stream caps, scale-out, per-stream cancellation,
+flow control, ALPN."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import httpx
+import pytest
+
+from httpx_bulkhead import BulkheadTransport, Policy
+from tests.conftest import until
+from tests.servers import HypercornServer, TestApp, default_server_tls
+
+pytestmark = pytest.mark.anyio
+
+
+def h2c_transport(**policy: object) -> BulkheadTransport:
+    """HTTP/2 with prior knowledge on http:// (as httpx's ``http1=False, http2=True``)."""
+    return BulkheadTransport(default=Policy(**policy), http1=False, http2=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("connections", "expected"), [(1, 1), (4, 4)])
+async def test_stream_cap_is_respected_and_scales_out(
+    app: TestApp, unique: Callable[[str], str], connections: int, expected: int
+) -> None:
+    gate = app.gate(unique("cap"))
+    with HypercornServer(app, h2_max_concurrent_streams=3) as srv:
+        bucket = f"127.0.0.1:{srv.port}"
+        transport = h2c_transport(max_concurrency=30, max_connections=connections)
+        statuses: list[str] = []
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+            async def call() -> None:
+                response = await client.get(f"{srv.url}/gate/{gate.name}")
+                statuses.append(response.http_version)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(30):
+                    tg.start_soon(call)
+                await gate.until_entered(3 * expected)
+                stats = transport.statistics()[srv.url]
+                assert stats.open_streams == 3 * expected
+                assert stats.stream_caps == (3,) * expected
+                assert stats.running == 30
+                assert app.current(bucket) == 3 * expected
+                gate.open()
+        assert statuses == ["HTTP/2"] * 30
+        assert app.max_concurrent(bucket) <= 3 * expected
+        assert len(app.connections(bucket)) == expected
+        stats = transport.statistics()[srv.url]
+        assert stats.connections_created == expected and stats.scale_outs == expected - 1
+        assert (stats.running, stats.open_streams, stats.completed) == (0, 0, 30)
+
+
+async def test_a_burst_coalesces_onto_one_connection(app: TestApp) -> None:
+    tls = default_server_tls()
+    with HypercornServer(app, tls=tls) as srv:
+        transport = BulkheadTransport(
+            default=Policy(max_concurrency=50, max_connections=10),
+            http2=True,
+            verify=tls.client_ssl_context(),
+        )
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+            async with anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(client.get, f"{srv.url}/")
+            stats = transport.statistics()[srv.url]
+            assert stats.connections_created == 1 and stats.completed == 40
+            assert stats.stream_caps == (100,)  # min(hypercorn's 100, ours 100)
+
+
+@pytest.mark.parametrize(
+    ("alpn", "version"), [(("h2", "http/1.1"), "HTTP/2"), (("http/1.1",), "HTTP/1.1")]
+)
+async def test_alpn_negotiates_h2_when_offered(
+    app: TestApp, alpn: tuple[str, ...], version: str
+) -> None:
+    tls = default_server_tls()
+    with HypercornServer(app, tls=tls, alpn=alpn) as srv:
+        transport = BulkheadTransport(http2=True, verify=tls.client_ssl_context())
+        async with httpx.AsyncClient(transport=transport) as client:
+            first = await client.get(f"{srv.url}/")
+            second = await client.get(f"{srv.url}/")
+        assert (first.http_version, second.http_version) == (version, version)
+        assert first.headers["x-http-version"] == version.removeprefix("HTTP/").replace(".0", "")
+        assert second.extensions["bulkhead"].reused
+
+
+async def test_cancelled_stream_is_reset_and_the_connection_stays_usable(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("h2cancel"))
+    transport = h2c_transport(max_concurrency=4)
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        scope = anyio.CancelScope()
+
+        async def cancelled() -> None:
+            with scope:
+                await client.get(f"{server.url}/gate/{gate.name}")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancelled)
+            await gate.until_entered(1)
+            scope.cancel()
+        stats = transport.statistics()[server.url]
+        assert (stats.streams_reset, stats.cancelled, stats.running) == (1, 1, 0)
+        assert stats.connections == 1 and stats.unknown_state == 0
+        for _ in range(3):
+            response = await client.get(f"{server.url}/")
+            assert response.text == "hello" and response.extensions["bulkhead"].reused
+        gate.open()
+    assert transport.statistics()[server.url].connections_created == 1
+
+
+async def test_one_stream_timing_out_does_not_fail_the_others(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    slow, fast = app.gate(unique("slow")), app.gate(unique("fast"))
+    transport = h2c_transport(max_concurrency=4)
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        await client.get(f"{server.url}/")  # one connection, known to be HTTP/2
+        results: dict[str, object] = {}
+
+        async def timed_out() -> None:
+            try:
+                await client.get(
+                    f"{server.url}/gate/{slow.name}", timeout=httpx.Timeout(10, read=0.2)
+                )
+            except httpx.ReadTimeout as exc:
+                results["slow"] = exc
+
+        async def patient() -> None:
+            results["fast"] = (await client.get(f"{server.url}/gate/{fast.name}")).status_code
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(timed_out)
+            tg.start_soon(patient)
+            await fast.until_entered(1)
+            await until(lambda: "slow" in results)
+            fast.open()
+        assert isinstance(results["slow"], httpx.ReadTimeout) and results["fast"] == 200
+        stats = transport.statistics()[server.url]
+        assert stats.connections_created == 1 and stats.streams_reset == 1
+        slow.open()
+
+
+async def test_large_bodies_in_both_directions(server: HypercornServer) -> None:
+    payload = bytes(range(256)) * 12_000  # ~3 MB: many windows' worth
+    transport = h2c_transport(max_concurrency=4)
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(payload), 100_000):
+                yield payload[start : start + 100_000]
+
+        echoed = await client.post(f"{server.url}/echo", content=payload)
+        assert echoed.content == payload
+        streamed = await client.post(f"{server.url}/echo", content=chunks())
+        assert streamed.content == payload
+        big = await client.get(f"{server.url}/bytes/5000000")
+        assert len(big.content) == 5_000_000
+        async with anyio.create_task_group() as tg:  # concurrent streams sharing the window
+            for _ in range(4):
+                tg.start_soon(client.get, f"{server.url}/bytes/2000000")
+    stats = transport.statistics()[server.url]
+    assert stats.connections_created == 1 and stats.failed == 0
