@@ -19,9 +19,7 @@ import time
 from collections.abc import Callable
 
 import anyio
-import anyio.abc
 import httpx
-from anyio.streams.tls import TLSAttribute
 
 from ._config import Policy
 from ._exceptions import AcquireTimeout, BulkheadFull, TransportClosed
@@ -32,6 +30,7 @@ from ._limiter import Limiter, Waiter, WaiterState
 from ._network import Connector, TraceFn
 from ._pool import Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
 from ._stats import CompartmentStats, WaitWindow
+from ._streams import NetStream
 
 __all__ = ["Compartment", "Outcome", "Protocols"]
 
@@ -65,9 +64,9 @@ class Protocols:
         is off (there is no h2c upgrade, as in httpx's default transport)."""
         return self.http2 and (origin[0] == "https" or not self.http1)
 
-    def speaks_h2(self, origin: Origin, stream: anyio.abc.ByteStream) -> bool:
+    def speaks_h2(self, origin: Origin, stream: NetStream) -> bool:
         if origin[0] == "https":
-            return stream.extra(TLSAttribute.alpn_protocol, None) == "h2"
+            return stream.alpn == "h2"
         return self.http2 and not self.http1
 
 

@@ -4,7 +4,7 @@ it, whatever the protocol: the seam between pool logic and HTTP/1.1 or HTTP/2 I/
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple, Protocol, TypeVar
 
 import anyio
@@ -15,6 +15,7 @@ from ._network import TraceFn
 from ._pool import Discard
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 __all__ = [
     "ClosedEarly",
@@ -26,6 +27,7 @@ __all__ = [
     "discard_reason",
     "is_disconnect",
     "run_io",
+    "run_waiting",
 ]
 
 
@@ -72,18 +74,37 @@ class Timeouts:
 
 
 async def run_io(
+    op: Callable[[A, float | None], Awaitable[T]],
+    arg: A,
+    phase: Phase,
+    op_timeout: float | None,
+    request: httpx.Request,
+    timeouts: Timeouts,
+) -> T:
+    """``await op(arg, timeout)``, one ``NetStream`` operation, within its own timeout and
+    the total deadline, mapping failures to httpx exceptions (``RequestTimeout`` when the
+    deadline is what passed)."""
+    limit, by_deadline = timeouts.budget(op_timeout)
+    try:
+        return await op(arg, limit)
+    except TimeoutError as exc:
+        if by_deadline:
+            raise RequestTimeout("request_timeout passed", request=request) from exc
+        raise_mapped(exc, phase, request)
+    except Exception as exc:
+        raise_mapped(exc, phase, request)
+
+
+async def run_waiting(
     awaitable: Awaitable[T],
     phase: Phase,
     op_timeout: float | None,
     request: httpx.Request,
     timeouts: Timeouts,
 ) -> T:
-    """Await one network operation within its timeout and the total deadline, mapping
-    failures to httpx exceptions (``RequestTimeout`` when the deadline is what passed)."""
+    """Like ``run_io`` for any awaitable (bounded with a cancel scope)."""
     limit, by_deadline = timeouts.budget(op_timeout)
     try:
-        if limit is None:
-            return await awaitable
         with anyio.fail_after(limit):
             return await awaitable
     except TimeoutError as exc:

@@ -15,18 +15,20 @@ from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 import anyio
-import anyio.abc
 import h11
 import httpx
 
 from ._exceptions import raise_mapped
 from ._exchange import ResponseHead, Timeouts, discard_reason, run_io
-from ._network import TraceFn, close_stream, emit, is_readable
+from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
+from ._streams import NetStream
 
 __all__ = ["HTTP11Connection", "next_connection_id"]
 
 READ_SIZE = 65536
+#: In-memory request bodies up to this size are written together with the headers.
+SMALL_BODY = 64 * 1024
 #: Largest response head (status line and headers) accepted, in bytes.
 MAX_HEAD_SIZE = 64 * 1024
 #: How long to wait for ``100 Continue`` before sending the body anyway (RFC 9110 §10.1.1).
@@ -55,7 +57,7 @@ class HTTP11Connection(PoolEntry):
         "wrote_any",
     )
 
-    def __init__(self, origin: Origin, stream: anyio.abc.ByteStream) -> None:
+    def __init__(self, origin: Origin, stream: NetStream) -> None:
         super().__init__(origin)
         self.id = next_connection_id()
         self.reused = False
@@ -77,7 +79,7 @@ class HTTP11Connection(PoolEntry):
     async def check_reusable(self) -> Discard | None:
         """An idle connection must be silent: readable means the peer closed it or sent
         bytes nobody asked for."""
-        if self._h11.trailing_data[0] or is_readable(self._stream):
+        if self._h11.trailing_data[0] or self._stream.is_readable():
             return Discard.PEER_CLOSED
         return None
 
@@ -90,7 +92,7 @@ class HTTP11Connection(PoolEntry):
         return discard_reason(exc, self)
 
     async def aclose(self) -> None:
-        await close_stream(self._stream)
+        await self._stream.aclose()
 
     # -- the exchange ------------------------------------------------------------------
     async def send_request(
@@ -104,35 +106,24 @@ class HTTP11Connection(PoolEntry):
         """
         target = request.extensions.get("target", request.url.raw_path)
         event = h11.Request(method=request.method, target=target, headers=request.headers.raw)
-        await emit(trace, "http11.send_request_headers.started", {"request": request})
-        await self._send(event, request, timeouts)
-        await emit(trace, "http11.send_request_headers.complete", {"return_value": None})
-
         early: h11.Response | None = None
-        if self._h11.client_is_waiting_for_100_continue:
-            early = await self._await_continue(request, timeouts)
-        if early is None:
-            await emit(trace, "http11.send_request_body.started", {"request": request})
-            try:
-                await self._send_body(request, timeouts)
-            except httpx.WriteError:
-                # The server may have answered and stopped reading (e.g. 413): prefer its
-                # response to our write error, as a browser would.
-                if self._h11.their_state is not h11.SEND_RESPONSE:
-                    raise
-                early = await self._read_head_or_none(request, timeouts)
-                if early is None:
-                    raise
-            await emit(trace, "http11.send_request_body.complete", {"return_value": None})
-
-        await emit(trace, "http11.receive_response_headers.started", {"request": request})
+        small = _small_body(request)
+        if small is not None and trace is None and not self._expects_continue(event):
+            # The common case: headers and an in-memory body in one write.
+            events: list[Any] = [event, h11.Data(data=small), h11.EndOfMessage()]
+            await self._send_all(events if small else [event, events[2]], request, timeouts)
+        else:
+            early = await self._send_streaming(event, request, timeouts, trace)
+        if trace is not None:
+            await emit(trace, "http11.receive_response_headers.started", {"request": request})
         response = early or await self._read_head(request, timeouts)
         self.keep_alive = _keep_alive_timeout(response.headers)
-        await emit(
-            trace,
-            "http11.receive_response_headers.complete",
-            {"return_value": (b"HTTP/1.1", response.status_code, response.reason, [])},
-        )
+        if trace is not None:
+            await emit(
+                trace,
+                "http11.receive_response_headers.complete",
+                {"return_value": (b"HTTP/1.1", response.status_code, response.reason, [])},
+            )
         return ResponseHead(
             response.status_code,
             response.headers.raw_items(),
@@ -173,6 +164,51 @@ class HTTP11Connection(PoolEntry):
             return False
 
     # -- internals ---------------------------------------------------------------------
+    def _expects_continue(self, event: h11.Request) -> bool:
+        return any(
+            name == b"expect" and value.lower() == b"100-continue" for name, value in event.headers
+        )
+
+    async def _send_streaming(
+        self,
+        event: h11.Request,
+        request: httpx.Request,
+        timeouts: Timeouts,
+        trace: TraceFn | None,
+    ) -> h11.Response | None:
+        """Headers, then the body as it streams (after ``100 Continue`` if asked for).
+        Returns a response that arrived before the body was sent, if any."""
+        await emit(trace, "http11.send_request_headers.started", {"request": request})
+        await self._send(event, request, timeouts)
+        await emit(trace, "http11.send_request_headers.complete", {"return_value": None})
+        early: h11.Response | None = None
+        if self._h11.client_is_waiting_for_100_continue:
+            early = await self._await_continue(request, timeouts)
+        if early is None:
+            await emit(trace, "http11.send_request_body.started", {"request": request})
+            try:
+                await self._send_body(request, timeouts)
+            except httpx.WriteError:
+                # The server may have answered and stopped reading (e.g. 413): prefer its
+                # response to our write error, as a browser would.
+                if self._h11.their_state is not h11.SEND_RESPONSE:
+                    raise
+                early = await self._read_head_or_none(request, timeouts)
+                if early is None:
+                    raise
+            await emit(trace, "http11.send_request_body.complete", {"return_value": None})
+        return early
+
+    async def _send_all(
+        self, events: list[Any], request: httpx.Request, timeouts: Timeouts
+    ) -> None:
+        try:
+            data = b"".join([self._h11.send(e) or b"" for e in events])
+        except h11.LocalProtocolError as exc:
+            raise_mapped(exc, "write", request)
+        await run_io(self._stream.send, data, "write", timeouts.write, request, timeouts)
+        self.wrote_any = True
+
     async def _send_body(self, request: httpx.Request, timeouts: Timeouts) -> None:
         stream = request.stream
         if not isinstance(stream, AsyncIterable):
@@ -240,7 +276,7 @@ class HTTP11Connection(PoolEntry):
             raise_mapped(exc, "write", request)
         if not data:
             return
-        await run_io(self._stream.send(data), "write", timeouts.write, request, timeouts)
+        await run_io(self._stream.send, data, "write", timeouts.write, request, timeouts)
         self.wrote_any = True
 
     async def _receive(
@@ -251,15 +287,9 @@ class HTTP11Connection(PoolEntry):
             # h11 only limits an *incomplete* head; reading no more than one byte past the
             # limit makes every head longer than MAX_HEAD_SIZE incomplete when it is checked.
             size = max(1, min(READ_SIZE, MAX_HEAD_SIZE + 1 - self._head_bytes))
-        try:
-            data = await run_io(
-                self._stream.receive(size), "read", timeouts.read, request, timeouts
-            )
-        except httpx.ReadError as exc:
-            if not isinstance(exc.__cause__, anyio.EndOfStream):
-                raise
-            data = b""  # EOF: h11 decides whether that ends the message or breaks it
-            self._eof = True
+        data = await run_io(self._stream.receive, size, "read", timeouts.read, request, timeouts)
+        if not data:
+            self._eof = True  # h11 decides whether that ends the message or breaks it
         if data:
             self.received_any = True
             if head:
@@ -271,6 +301,15 @@ class HTTP11Connection(PoolEntry):
                 "Server disconnected without sending a response.", request=request
             )
         self._h11.receive_data(data)
+
+
+def _small_body(request: httpx.Request) -> bytes | None:
+    """The request body, if it is in memory and small enough to go out with the headers."""
+    stream = request.stream
+    if not isinstance(stream, httpx.ByteStream):
+        return None
+    body = b"".join(stream)
+    return body if len(body) <= SMALL_BODY else None
 
 
 def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:

@@ -37,7 +37,6 @@ from collections.abc import AsyncIterable, Callable
 from typing import Any
 
 import anyio
-import anyio.abc
 import h2.config
 import h2.connection
 import h2.errors
@@ -46,10 +45,11 @@ import h2.exceptions
 import h2.settings
 import httpx
 
-from ._exchange import Refused, ResponseHead, Timeouts, discard_reason, run_io
+from ._exchange import Refused, ResponseHead, Timeouts, discard_reason, run_io, run_waiting
 from ._http11 import next_connection_id
-from ._network import TraceFn, close_stream, emit, is_readable
+from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
+from ._streams import NetStream
 
 __all__ = ["DEFAULT_PEER_STREAMS", "HTTP2Connection"]
 
@@ -106,7 +106,7 @@ class HTTP2Connection(PoolEntry):
     def __init__(
         self,
         origin: Origin,
-        stream: anyio.abc.ByteStream,
+        stream: NetStream,
         *,
         listener: ConnectionListener,
         max_streams: int | None,
@@ -155,7 +155,7 @@ class HTTP2Connection(PoolEntry):
         connection has been silent for ``ping_after``, check it answers a PING."""
         if self._broken is not None:
             return Discard.ERROR
-        if not self._reading and is_readable(self._net):
+        if not self._reading and self._net.is_readable():
             await self._read_once()
         if self._broken is not None:
             return Discard.PEER_CLOSED
@@ -170,7 +170,7 @@ class HTTP2Connection(PoolEntry):
 
     async def aclose(self) -> None:
         self._break(httpx.ReadError, "connection closed")
-        await close_stream(self._net)
+        await self._net.aclose()
 
     @property
     def broken(self) -> bool:
@@ -195,7 +195,7 @@ class HTTP2Connection(PoolEntry):
                     return
                 write_timeout = timeouts.write or MAX_SHIELDED_WRITE
                 try:
-                    await run_io(self._net.send(data), "write", write_timeout, request, timeouts)
+                    await run_io(self._net.send, data, "write", write_timeout, request, timeouts)
                 except httpx.TransportError as exc:
                     self._break(type(exc), str(exc))
                     raise
@@ -228,15 +228,15 @@ class HTTP2Connection(PoolEntry):
     async def _read_once(self) -> None:
         self._reading = True
         try:
-            data = await self._net.receive(READ_SIZE)
-        except anyio.EndOfStream:
-            self._break(httpx.RemoteProtocolError, "Server disconnected.")
-            return
+            data = await self._net.receive(READ_SIZE, None)
         except Exception as exc:
             self._break(httpx.ReadError, str(exc) or type(exc).__name__)
             return
         finally:
             self._reading = False
+        if not data:
+            self._break(httpx.RemoteProtocolError, "Server disconnected.")
+            return
         self.last_frame_at = time.monotonic()
         try:
             events = self._h2.receive_data(data)
@@ -425,7 +425,7 @@ class H2Stream(_Sleeper):
                 if window <= 0:
                     self.wants_window = True
                     try:
-                        await run_io(
+                        await run_waiting(
                             conn.wait_until(self, lambda: self._window() > 0 or bool(self.events)),
                             "write",
                             timeouts.write,
@@ -474,7 +474,9 @@ class H2Stream(_Sleeper):
         conn = self.conn
         ready = self._ready
         try:
-            await run_io(conn.wait_until(self, ready), "read", timeouts.read, request, timeouts)
+            await run_waiting(
+                conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
+            )
         except httpx.TransportError as exc:
             if self.events or self.refused or self.reset_code is not None:
                 pass  # our outcome arrived with the failure: report that instead

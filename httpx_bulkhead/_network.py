@@ -6,8 +6,8 @@ and httpx exceptions (``ConnectError``, ``ConnectTimeout``).
 
 from __future__ import annotations
 
-import contextlib
-import select
+import asyncio
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -19,8 +19,9 @@ import httpx
 from anyio.streams.tls import TLSStream
 
 from ._exceptions import raise_mapped
+from ._streams import AnyioStream, AsyncioStream, NetStream, StreamProtocol
 
-__all__ = ["Connector", "SocketOption", "TraceFn", "close_stream", "is_readable"]
+__all__ = ["Connector", "SocketOption", "TraceFn", "set_alpn"]
 
 SocketOption: TypeAlias = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
@@ -59,7 +60,7 @@ class Connector:
         *,
         timeout: float | None,
         trace: TraceFn | None,
-    ) -> anyio.abc.ByteStream:
+    ) -> NetStream:
         """Open a stream to the request's origin (TLS for https), retrying as configured.
 
         Raises:
@@ -76,66 +77,92 @@ class Connector:
 
     async def _connect_once(
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
-    ) -> anyio.abc.ByteStream:
+    ) -> NetStream:
         url = request.url
         host = url.raw_host.decode("ascii")
         port = url.port or (443 if url.scheme == "https" else 80)
-        stream: anyio.abc.ByteStream | None = None
+        sni = request.extensions.get("sni_hostname") or host
+        tls = url.scheme == "https"
+        asyncio_loop = _on_asyncio()
+        stream: NetStream | None = None
         try:
             with anyio.fail_after(timeout):
-                info: dict[str, Any] = {"host": host, "port": port}
-                await emit(trace, "connection.connect_tcp.started", info)
-                if self.uds is not None:
-                    stream = await anyio.connect_unix(self.uds)
+                await emit(trace, "connection.connect_tcp.started", {"host": host, "port": port})
+                if asyncio_loop:
+                    stream = await self._open_asyncio(host, port)
                 else:
-                    stream = await anyio.connect_tcp(host, port, local_host=self.local_address)
-                    self._apply_socket_options(stream)
+                    stream = await self._open_anyio(host, port)
                 await emit(trace, "connection.connect_tcp.complete", {"return_value": stream})
-                if url.scheme == "https":
-                    sni = request.extensions.get("sni_hostname") or host
+                if tls:
                     await emit(trace, "connection.start_tls.started", {"server_hostname": sni})
-                    stream = await TLSStream.wrap(
-                        stream,
-                        hostname=sni,
-                        ssl_context=self.ssl_context,
-                        standard_compatible=False,
-                    )
+                    if isinstance(stream, AsyncioStream):
+                        await self._start_tls_asyncio(stream, sni)
+                    else:
+                        assert isinstance(stream, AnyioStream)
+                        stream = await self._start_tls_anyio(stream, sni)
                     await emit(trace, "connection.start_tls.complete", {"return_value": stream})
                 return stream
         except BaseException as exc:
             if stream is not None:
-                await close_stream(stream)
+                await stream.aclose()
             if isinstance(exc, Exception):
                 await emit(trace, "connection.connect_tcp.failed", {"exception": exc})
                 raise_mapped(exc, "connect", request)
             raise
 
-    def _apply_socket_options(self, stream: anyio.abc.ByteStream) -> None:
-        if not self.socket_options:
+    async def _open_asyncio(self, host: str, port: int) -> AsyncioStream:
+        loop = asyncio.get_running_loop()
+        transport: asyncio.BaseTransport
+        if self.uds is not None:
+            transport, protocol = await loop.create_unix_connection(StreamProtocol, self.uds)
+        else:
+            local = None if self.local_address is None else (self.local_address, 0)
+            transport, protocol = await loop.create_connection(
+                StreamProtocol, host, port, local_addr=local, happy_eyeballs_delay=0.25
+            )
+        assert isinstance(transport, asyncio.Transport)
+        stream = AsyncioStream(transport, protocol)
+        self._apply_socket_options(stream.socket)
+        return stream
+
+    async def _start_tls_asyncio(self, stream: AsyncioStream, sni: str) -> None:
+        loop = asyncio.get_running_loop()
+        tls_transport = await loop.start_tls(
+            stream._transport, stream._proto, self.ssl_context, server_hostname=sni
+        )
+        assert isinstance(tls_transport, asyncio.Transport)
+        stream.upgraded(tls_transport)
+
+    async def _open_anyio(self, host: str, port: int) -> AnyioStream:
+        if self.uds is not None:
+            raw: anyio.abc.ByteStream = await anyio.connect_unix(self.uds)
+        else:
+            raw = await anyio.connect_tcp(host, port, local_host=self.local_address)
+        stream = AnyioStream(raw)
+        self._apply_socket_options(stream.socket)
+        return stream
+
+    async def _start_tls_anyio(self, stream: AnyioStream, sni: str) -> AnyioStream:
+        wrapped = await TLSStream.wrap(
+            stream._stream, hostname=sni, ssl_context=self.ssl_context, standard_compatible=False
+        )
+        return AnyioStream(wrapped)
+
+    def _apply_socket_options(self, sock: socket.socket | None) -> None:
+        if sock is None:
             return
-        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in self.socket_options:
             sock.setsockopt(*option)
 
 
-def is_readable(stream: anyio.abc.ByteStream) -> bool:
-    """Whether an *idle* connection's socket has something to read.
-
-    An idle HTTP/1.1 connection must be silent: readable means the peer closed it (EOF or
-    reset) or sent bytes nobody asked for; either way it must not be reused.  One
-    non-blocking ``select`` on the one connection about to be reused: no scan of the pool.
-    """
-    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
-    if sock is None or sock.fileno() < 0:
-        return True
-    readable, _, _ = select.select([sock], [], [], 0)
-    return bool(readable)
-
-
-async def close_stream(stream: anyio.abc.AsyncResource) -> None:
-    """Close at once, without waiting for a TLS close_notify exchange; never raises."""
-    with contextlib.suppress(Exception):  # closing a broken stream may fail: nothing to do
-        await anyio.aclose_forcefully(stream)
+def _on_asyncio() -> bool:
+    """Whether we run on an asyncio event loop (then the fast asyncio stream is used)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def set_alpn(context: ssl.SSLContext, protocols: Iterable[str]) -> None:
