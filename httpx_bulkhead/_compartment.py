@@ -229,10 +229,11 @@ class Compartment(ConnectionListener):
             else:
                 conn = HTTP11Connection(origin, stream)
         except BaseException:
-            self.pool.dial_failed(origin)
+            await self._close_all(self.pool.dial_failed(origin))
             raise
         self._connections.add(conn)
-        self.pool.dialed(conn, self._clock(), multiplexed=isinstance(conn, HTTP2Connection))
+        multiplexed = isinstance(conn, HTTP2Connection)
+        await self._close_all(self.pool.dialed(conn, self._clock(), multiplexed=multiplexed))
         await self._close_pending()
         return conn
 
@@ -243,7 +244,7 @@ class Compartment(ConnectionListener):
             raise TransportClosed("the transport is closed", request=request)
         event = anyio.Event()
         waiter = PoolWaiter(origin, event.set)
-        self.pool.wait(waiter)
+        await self._close_all(self.pool.wait(waiter))
         budget = None if acquire_deadline is None else acquire_deadline - time.monotonic()
         try:
             with anyio.fail_after(budget):

@@ -46,6 +46,7 @@ import h2.settings
 import httpx
 
 from ._exchange import Refused, ResponseHead, Timeouts, discard_reason, run_io, run_waiting
+from ._h2frames import FrameSplitter
 from ._http11 import next_connection_id
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
@@ -129,6 +130,7 @@ class HTTP2Connection(PoolEntry):
         self._broken: tuple[type[httpx.TransportError], str] | None = None
         self._got_settings = False
         self._pong: _Sleeper | None = None
+        self._frames = FrameSplitter()
         self.last_frame_at = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------
@@ -238,13 +240,16 @@ class HTTP2Connection(PoolEntry):
             self._break(httpx.RemoteProtocolError, "Server disconnected.")
             return
         self.last_frame_at = time.monotonic()
+        data, goaways = self._frames.feed(data)
         try:
-            events = self._h2.receive_data(data)
+            events = self._h2.receive_data(data) if data else []
         except h2.exceptions.ProtocolError as exc:
             self._break(httpx.RemoteProtocolError, f"HTTP/2 protocol error: {exc}")
             return
         for event in events:
             self._dispatch(event)
+        for goaway in goaways:
+            self._goaway(goaway.last_stream_id)
         if self.pending_output():  # SETTINGS acks, window updates, PING answers
             with contextlib.suppress(httpx.TransportError):  # _flush broke the connection
                 await self._flush(_INTERNAL, _NO_TIMEOUTS)
@@ -280,8 +285,8 @@ class HTTP2Connection(PoolEntry):
                     self._wake(target)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_changed(event)
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._goaway(event)
+        elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
+            self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
         elif isinstance(event, h2.events.PingAckReceived) and self._pong is not None:
             pong, self._pong = self._pong, None
             self._wake(pong)
@@ -304,8 +309,9 @@ class HTTP2Connection(PoolEntry):
                 if stream.wants_window:
                     self._wake(stream)
 
-    def _goaway(self, event: h2.events.ConnectionTerminated) -> None:
-        last = event.last_stream_id if event.last_stream_id is not None else 0
+    def _goaway(self, last: int) -> None:
+        """GOAWAY (RFC 9113 §6.8): streams above ``last`` were not processed; the others
+        may finish.  The pool stops giving out streams on this connection (``on_goaway``)."""
         for stream_id, stream in self._streams.items():
             if stream_id > last:
                 stream.refused = True  # never processed: safe to replay elsewhere
@@ -490,6 +496,7 @@ class H2Stream(_Sleeper):
             self.received_any = True
             return self.events.popleft()
         if self.reset_code is not None:
+            self.received_any = True  # the server answered (with a reset): not a stale connection
             raise httpx.RemoteProtocolError(
                 f"stream reset by the server (error code {self.reset_code})", request=request
             )

@@ -213,6 +213,7 @@ class Pool:
         self._may_multiplex = may_multiplex
         self._rng = rng or random.Random()
         self.total = 0
+        self._now = -math.inf  # the latest time a caller told us: expiry checks in callbacks
         self._available: dict[Origin, OrderedDict[PoolEntry, None]] = {}
         self._lru: OrderedDict[PoolEntry, None] = OrderedDict()
         self._streams = _Queue()  # waiting for streams of their origin
@@ -250,6 +251,7 @@ class Pool:
         ``wait``).  ``to_close`` are expired connections the caller must close; they are
         already out of the pool.
         """
+        self._now = now
         to_close = self._prune(now)
         if self._streams.count(origin) or self._places.count(origin):
             return None, to_close  # no barging past this origin's waiters
@@ -265,36 +267,41 @@ class Pool:
             return self._pick(origin, now, to_close), to_close
         return None, to_close
 
-    def wait(self, waiter: PoolWaiter) -> None:
-        """Queue a request that got ``None`` from ``checkout``."""
+    def wait(self, waiter: PoolWaiter) -> list[PoolEntry]:
+        """Queue a request that got ``None`` from ``checkout``.  It may be granted at once;
+        returns connections to close (idle ones evicted to make room)."""
+        to_close: list[PoolEntry] = []
         if self._expects_streams(waiter.origin, self._streams.count(waiter.origin) + 1):
             waiter.for_streams = True
             self._streams.push(waiter)
         else:
             self._places.push(waiter)
-            self._rebalance(waiter.origin, [])  # there may be room it can have at once
+            self._rebalance(waiter.origin, to_close)  # there may be room it can have at once
+        return to_close
 
     def cancel(self, waiter: PoolWaiter) -> list[PoolEntry]:
         """The waiter gave up.  A grant it had not used yet is passed on.  Returns
         connections to close."""
         if waiter.grant is None:
             queue = self._streams if waiter.for_streams else self._places
+            to_close: list[PoolEntry] = []
             if queue.remove(waiter):
-                self._rebalance(waiter.origin, [])
-            return []
+                self._rebalance(waiter.origin, to_close)
+            return to_close
         grant, waiter.grant = waiter.grant, None
         if grant is DIAL:
-            self.dial_failed(waiter.origin)
-            return []
+            return self.dial_failed(waiter.origin)
         assert isinstance(grant, PoolEntry)
         return self.release(grant, math.nan, reusable=True)
 
     # -- dialing -----------------------------------------------------------------------
-    def dialed(self, entry: PoolEntry, now: float, *, multiplexed: bool = False) -> None:
+    def dialed(self, entry: PoolEntry, now: float, *, multiplexed: bool = False) -> list[PoolEntry]:
         """A reserved dial succeeded: ``entry`` is open and carries the dialer's request.
+        Returns connections to close.
 
         A multiplexed connection starts with a cap of one stream until the peer's
         SETTINGS arrive (``set_cap``)."""
+        self._now = now
         origin = entry.origin
         self._dialing[origin] -= 1
         self.created += 1
@@ -309,13 +316,18 @@ class Pool:
             jitter = self.lifetime_jitter * self._rng.random()
             entry.expires_at = now + self.max_lifetime * (1.0 - jitter)
         self._index(entry)
-        self._rebalance(origin, [])
+        to_close: list[PoolEntry] = []
+        self._rebalance(origin, to_close)
+        return to_close
 
-    def dial_failed(self, origin: Origin) -> None:
-        """A reserved dial failed: free its place (or hand it to the head waiter)."""
+    def dial_failed(self, origin: Origin) -> list[PoolEntry]:
+        """A reserved dial failed: free its place (or hand it to the head waiter).
+        Returns connections to close."""
         self._dialing[origin] -= 1
         self.total -= 1
-        self._rebalance(origin, [])
+        to_close: list[PoolEntry] = []
+        self._rebalance(origin, to_close)
+        return to_close
 
     def set_cap(self, entry: PoolEntry, cap: int) -> list[PoolEntry]:
         """The peer changed how many concurrent streams ``entry`` may carry.  Lowering lets
@@ -360,6 +372,8 @@ class Pool:
         """
         if not entry.in_pool:
             return []
+        if not math.isnan(now):
+            self._now = now
         entry.active -= 1
         if not reusable:
             return self.discard(entry, Discard.NOT_REUSABLE)
@@ -413,6 +427,10 @@ class Pool:
                     self._drop(entry, reason)
                     to_close.append(entry)
                     continue
+            elif entry.expires_at <= now:  # multiplexed, past its lifetime: drain it
+                entry.draining = True
+                self._index(entry)
+                continue
             self._take(entry)
             return entry
         return None
@@ -470,14 +488,13 @@ class Pool:
     def _rebalance(self, origin: Origin, to_close: list[PoolEntry]) -> None:
         """Hand whatever is free to the waiters that can use it, head first."""
         # 1. Spare capacity of this origin's connections: its waiters, streams first.
-        available = self._available.get(origin)
-        while available:
-            waiter = self._streams.head(origin) or self._places.head(origin)
-            if waiter is None:
+        while self._streams.count(origin) or self._places.count(origin):
+            entry = self._pick(origin, self._now, to_close)
+            if entry is None:
                 break
-            entry = next(reversed(available))
+            waiter = self._streams.head(origin) or self._places.head(origin)
+            assert waiter is not None
             (self._streams if waiter.for_streams else self._places).remove(waiter)
-            self._take(entry)
             self.stream_waits += 1
             self._grant(waiter, entry)
         # 2. Stream waiters no longer covered by dials in flight need places of their own.

@@ -166,3 +166,30 @@ async def test_large_bodies_in_both_directions(server: HypercornServer) -> None:
                 tg.start_soon(client.get, f"{server.url}/bytes/2000000")
     stats = transport.statistics()[server.url]
     assert stats.connections_created == 1 and stats.failed == 0
+
+
+async def test_lifetime_drains_a_busy_connection_and_closes_it_when_idle(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    from tests.integration.test_connections import FakeClock
+
+    clock = FakeClock()
+    gate = app.gate(unique("drain"))
+    transport = BulkheadTransport(
+        default=Policy(max_lifetime=10.0, lifetime_jitter=0.0),
+        http1=False,
+        http2=True,
+        _clock=clock,
+    )
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.get, f"{server.url}/gate/{gate.name}")
+            await gate.until_entered(1)
+            clock.now += 20.0  # the connection is past its lifetime, with a stream open
+            fresh = await client.get(f"{server.url}/")
+            assert not fresh.extensions["bulkhead"].reused  # no new stream on the old one
+            stats = transport.statistics()[server.url]
+            assert stats.connections_created == 2 and stats.lifetime_expired == 0
+            gate.open()
+        stats = transport.statistics()[server.url]
+        assert stats.lifetime_expired == 1 and stats.connections == 1

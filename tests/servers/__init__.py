@@ -1,10 +1,14 @@
 """Test-server infrastructure: hypercorn runner + instrumented ASGI app, a scripted
-raw-socket server for protocol faults, and trustme-based TLS material.
+raw-socket server for protocol faults, a scripted HTTP/2 server (``h2script``), a Node.js
+``http2`` server (``NodeH2Server``), and trustme-based TLS material.
 
 Everything binds to 127.0.0.1 on an ephemeral port and shuts down cleanly.
 """
 
+from . import h2script
 from .asgi import Gate, HypercornServer, RequestRecord, TestApp
+from .h2script import H2ConnStats, H2Reset, H2ScriptServer, H2Stream
+from .node import NodeH2Server, NodeStats
 from .raw import (
     RawConn,
     RawServer,
@@ -37,7 +41,13 @@ from .tls import (
 
 __all__ = [
     "Gate",
+    "H2ConnStats",
+    "H2Reset",
+    "H2ScriptServer",
+    "H2Stream",
     "HypercornServer",
+    "NodeH2Server",
+    "NodeStats",
     "PemFiles",
     "RawConn",
     "RawServer",
@@ -49,6 +59,7 @@ __all__ = [
     "close_after_response",
     "default_server_tls",
     "garbage_status_line",
+    "h2script",
     "huge_headers",
     "keepalive_header",
     "keepalive_ok",

@@ -240,6 +240,12 @@ class PoolMachine(RuleBasedStateMachine):
         self.waiters: list[PoolWaiter] = []
         self.woken: list[PoolWaiter] = []
         self.entries: list[PoolEntry] = []
+        self.closed: set[int] = set()  # ids of entries the pool told us to close
+
+    def _closing(self, entries: list[PoolEntry]) -> None:
+        for entry in entries:
+            assert not entry.in_pool
+            self.closed.add(id(entry))
 
     def _take(self, grant: object, origin: tuple[str, str, int]) -> None:
         if grant is DIAL:
@@ -259,11 +265,11 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(origin=st.sampled_from([A, B]), fresh=st.booleans())
     def checkout(self, origin: tuple[str, str, int], fresh: bool) -> None:
         grant, closing = self.pool.checkout(origin, self.now, fresh=fresh)
-        assert all(not e.in_pool for e in closing)
+        self._closing(closing)
         if grant is None:
             w = PoolWaiter(origin, lambda: self.woken.append(w))
             self.waiters.append(w)
-            self.pool.wait(w)  # may be granted at once
+            self._closing(self.pool.wait(w))  # may be granted at once
             self._settle()
         else:
             self._take(grant, origin)
@@ -274,25 +280,25 @@ class PoolMachine(RuleBasedStateMachine):
         origin = self.dials.pop(index % len(self.dials))
         if ok:
             entry = PoolEntry(origin)
-            self.pool.dialed(entry, self.now, multiplexed=origin == B)
             self.entries.append(entry)
             self.requests.append(entry)
+            self._closing(self.pool.dialed(entry, self.now, multiplexed=origin == B))
         else:
-            self.pool.dial_failed(origin)
+            self._closing(self.pool.dial_failed(origin))
         self._settle()
 
     @rule(cap=st.integers(0, 4), index=st.integers(0, 20))
     def set_cap(self, cap: int, index: int) -> None:
         live = [e for e in self.entries if e.in_pool and e.multiplexed]
         if live:
-            self.pool.set_cap(live[index % len(live)], cap)
+            self._closing(self.pool.set_cap(live[index % len(live)], cap))
             self._settle()
 
     @rule(index=st.integers(0, 20))
     def goaway(self, index: int) -> None:
         live = [e for e in self.entries if e.in_pool and e.multiplexed]
         if live:
-            self.pool.drain(live[index % len(live)])
+            self._closing(self.pool.drain(live[index % len(live)]))
             self._settle()
 
     @precondition(lambda self: bool(self.requests))
@@ -303,14 +309,14 @@ class PoolMachine(RuleBasedStateMachine):
     )
     def release(self, index: int, reusable: bool, keep_alive: float | None) -> None:
         entry = self.requests.pop(index % len(self.requests))
-        self.pool.release(entry, self.now, reusable=reusable, keep_alive=keep_alive)
+        self._closing(self.pool.release(entry, self.now, reusable=reusable, keep_alive=keep_alive))
         self._settle()
 
     @precondition(lambda self: bool(self.requests))
     @rule(index=st.integers(0, 20))
     def discard(self, index: int) -> None:
         entry = self.requests.pop(index % len(self.requests))
-        self.pool.discard(entry, Discard.ERROR)
+        self._closing(self.pool.discard(entry, Discard.ERROR))
         # Other requests on a broken connection fail too.
         self.requests = [r for r in self.requests if r is not entry]
         self._settle()
@@ -320,7 +326,7 @@ class PoolMachine(RuleBasedStateMachine):
     def cancel_waiter(self, index: int) -> None:
         w = self.waiters[index % len(self.waiters)]
         granted = w.grant
-        self.pool.cancel(w)
+        self._closing(self.pool.cancel(w))
         if granted is not None:  # granted but cancelled before it resumed
             self.woken.remove(w)
             self.waiters.remove(w)
@@ -336,6 +342,8 @@ class PoolMachine(RuleBasedStateMachine):
     def accounting(self) -> None:
         pool = self.pool
         live = [e for e in self.entries if e.in_pool]
+        # Every connection the pool let go of was handed to us to close: no socket leaks.
+        assert all(id(e) in self.closed for e in self.entries if not e.in_pool)
         assert 0 <= pool.total <= pool.max_connections
         assert pool.total == len(live) + len(self.dials)
         for entry in live:

@@ -1,0 +1,94 @@
+"""Taking GOAWAY frames out of the HTTP/2 byte stream before h2 sees them.
+
+h2 closes its connection state machine on a received GOAWAY and then rejects every later
+frame, so the streams a GOAWAY lets finish (RFC 9113 §6.8: those at or below
+``last_stream_id``) could not complete.  This splitter walks frame headers (9 bytes: a
+24-bit length, a type, flags and a stream id, §4.1), passes every other frame through
+unchanged and reports GOAWAYs to the connection instead.  Pure and clock-free.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["FrameSplitter", "GoAway"]
+
+_GOAWAY = 0x7
+_HEADER = 9
+
+
+class GoAway(NamedTuple):
+    last_stream_id: int
+    error_code: int
+
+
+class FrameSplitter:
+    """Feed it what the socket gave; it returns the bytes for h2 and the GOAWAYs seen."""
+
+    __slots__ = ("_held", "_left")
+
+    def __init__(self) -> None:
+        self._left = 0  # bytes of the current frame still to pass through
+        self._held = bytearray()  # an incomplete frame header, or an incomplete GOAWAY
+
+    def feed(self, data: bytes) -> tuple[bytes, list[GoAway]]:
+        if self._left >= len(data) and not self._held:  # inside a payload: the fast path
+            self._left -= len(data)
+            return data, []
+        out = bytearray()
+        goaways: list[GoAway] = []
+        view = memoryview(data)
+        pos, size = 0, len(view)
+        while pos < size:
+            if self._left:  # the rest of a frame's payload
+                take = min(self._left, size - pos)
+                out += view[pos : pos + take]
+                pos += take
+                self._left -= take
+            elif self._held:  # complete a header (or GOAWAY) started in an earlier read
+                need = self._needed()
+                take = min(need, size - pos)
+                self._held += view[pos : pos + take]
+                pos += take
+                if take < need:
+                    break
+                self._release(out, goaways)
+            elif size - pos < _HEADER:
+                self._held += view[pos:]
+                break
+            elif view[pos + 3] == _GOAWAY:
+                self._held += view[pos : pos + _HEADER]
+                pos += _HEADER
+                self._release(out, goaways)
+            else:
+                end = pos + _HEADER + int.from_bytes(view[pos : pos + 3], "big")
+                stop = min(end, size)
+                out += view[pos:stop]
+                self._left = end - stop
+                pos = stop
+        return bytes(out), goaways
+
+    def _needed(self) -> int:
+        held = self._held
+        if len(held) < _HEADER:
+            return _HEADER - len(held)
+        if held[3] == _GOAWAY:
+            return _HEADER + int.from_bytes(held[0:3], "big") - len(held)
+        return 0
+
+    def _release(self, out: bytearray, goaways: list[GoAway]) -> None:
+        """``_held`` is a complete header (or a complete GOAWAY frame): act on it."""
+        held = self._held
+        length = int.from_bytes(held[0:3], "big")
+        if held[3] == _GOAWAY:
+            if len(held) < _HEADER + length:
+                return  # keep collecting its payload
+            payload = held[_HEADER:]
+            if len(payload) >= 8:
+                last = int.from_bytes(payload[0:4], "big") & 0x7FFF_FFFF
+                goaways.append(GoAway(last, int.from_bytes(payload[4:8], "big")))
+            self._held = bytearray()
+            return
+        out += held
+        self._held = bytearray()
+        self._left = length
