@@ -27,7 +27,7 @@ from ._exchange import Connection, Exchange, Refused, ResponseHead, Timeouts, is
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
 from ._limiter import Limiter, Waiter, WaiterState
-from ._network import Connector, TraceFn
+from ._network import Network, TraceFn
 from ._pool import Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
 from ._stats import CompartmentStats, WaitWindow
 from ._streams import NetStream
@@ -77,7 +77,7 @@ class Compartment(ConnectionListener):
         self,
         name: str,
         policy: Policy,
-        connector: Connector,
+        connector: Network,
         protocols: Protocols,
         *,
         clock: Clock = time.monotonic,

@@ -11,7 +11,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import anyio
 import anyio.abc
@@ -21,7 +21,7 @@ from anyio.streams.tls import TLSStream
 from ._exceptions import raise_mapped
 from ._streams import AnyioStream, AsyncioStream, NetStream, StreamProtocol
 
-__all__ = ["Connector", "SocketOption", "TraceFn", "set_alpn"]
+__all__ = ["Connector", "Network", "SocketOption", "TraceFn", "set_alpn"]
 
 SocketOption: TypeAlias = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
@@ -33,6 +33,14 @@ async def emit(trace: TraceFn | None, name: str, info: dict[str, Any]) -> None:
     """Call an httpx ``trace`` extension callback, if there is one."""
     if trace is not None:
         await trace(name, info)
+
+
+class Network(Protocol):
+    """Opens connections: ``Connector`` (sockets), or ``testing.MockNetwork`` in tests."""
+
+    async def connect(
+        self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
+    ) -> NetStream: ...
 
 
 @dataclass(frozen=True, slots=True)

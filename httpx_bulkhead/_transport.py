@@ -14,7 +14,7 @@ from ._compartment import Compartment, Outcome, Protocols
 from ._config import Policy
 from ._exceptions import TransportClosed
 from ._exchange import Timeouts
-from ._network import Connector, SocketOption, set_alpn
+from ._network import Connector, Network, SocketOption, set_alpn
 from ._response import ResponseStream
 from ._routing import Router
 from ._stats import CompartmentStats, ExchangeInfo
@@ -47,6 +47,9 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             when ``http1=False``.
         retries: connect retries, as for ``httpx.AsyncHTTPTransport``.
         local_address, uds, socket_options: as for ``httpx.AsyncHTTPTransport``.
+        network: where connections come from; ``None`` (default) means real sockets.
+            Tests pass ``httpx_bulkhead.testing.MockNetwork(handler)`` to run every
+            compartment rule against an in-memory server.
 
     Raises:
         TypeError, ValueError: invalid configuration (the message names the field).
@@ -67,6 +70,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         local_address: str | None = None,
         uds: str | None = None,
         socket_options: Iterable[SocketOption] | None = None,
+        network: Network | None = None,
         _clock: Callable[[], float] = time.monotonic,
         _rng: random.Random | None = None,
     ) -> None:
@@ -83,7 +87,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
         self._protocols = Protocols(http1=http1, http2=http2)
-        self._connector = Connector(
+        self._connector: Network = network or Connector(
             ssl_context=context,
             local_address=local_address,
             uds=uds,
