@@ -23,7 +23,15 @@ import httpx
 
 from ._config import Policy
 from ._exceptions import AcquireTimeout, BulkheadFull, TransportClosed
-from ._exchange import Connection, Exchange, Refused, ResponseHead, Timeouts, is_disconnect
+from ._exchange import (
+    ClosedEarly,
+    Connection,
+    Exchange,
+    Refused,
+    ResponseHead,
+    Timeouts,
+    is_disconnect,
+)
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
 from ._limiter import Limiter, Waiter, WaiterState
@@ -107,6 +115,7 @@ class Compartment(ConnectionListener):
         self.replays = 0
         self.goaways = 0
         self.streams_reset = 0
+        self.leaked = 0
 
     # -- slots ---------------------------------------------------------------------------
     async def acquire(self, budget: float | None, request: httpx.Request) -> float:
@@ -282,6 +291,22 @@ class Compartment(ConnectionListener):
         await self._close_all(to_close)
         await self._close_pending()
 
+    def end_leaked(self, conn: Connection, exchange: Exchange) -> None:
+        """A response was garbage-collected unclosed: give its slot and connection back
+        without awaiting (connections to close are aborted now, awaited later)."""
+        entry: PoolEntry = conn  # type: ignore[assignment]
+        reason = exchange.cut(ClosedEarly())
+        if reason is None:
+            to_close = self.pool.release(entry, self._clock(), reusable=True)
+        else:
+            to_close = self.pool.discard(entry, reason)
+        for closing in to_close:
+            closing_conn: Connection = closing  # type: ignore[assignment]
+            closing_conn.abort()
+        self._closing.extend(to_close)
+        self.leaked += 1
+        self.release(Outcome.CANCELLED)
+
     async def _close_all(self, entries: list[PoolEntry]) -> None:
         if not entries:
             return
@@ -410,6 +435,7 @@ class Compartment(ConnectionListener):
             stream_caps=tuple(sorted(c.cap for c in h2)),
             goaways=self.goaways,
             streams_reset=self.streams_reset,
+            leaked_responses=self.leaked,
             replays=self.replays,
             scale_outs=pool.scale_outs,
             stream_waits=pool.stream_waits,

@@ -139,9 +139,14 @@ class Exchange(Protocol):
         """After the body was read: ``(connection reusable, Keep-Alive timeout hint)``."""
         ...
 
+    def cut(self, exc: BaseException) -> Discard | None:
+        """The exchange was cut by ``exc``: settle its state without I/O (an HTTP/2 reset is
+        queued, not sent).  Returns why the connection must be closed, or ``None`` when it
+        stays usable (an HTTP/2 stream was reset: its state is known)."""
+        ...
+
     async def abandon(self, exc: BaseException) -> Discard | None:
-        """The exchange was cut by ``exc``.  Returns why the connection must be closed, or
-        ``None`` when it stays usable (an HTTP/2 stream was reset, its state is known)."""
+        """``cut``, then send what it queued."""
         ...
 
 
@@ -158,6 +163,10 @@ class Connection(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+    def abort(self) -> None:
+        """Start closing without an await (see ``NetStream.abort``)."""
+        ...
 
 
 def discard_reason(exc: BaseException, exchange: Exchange) -> Discard:

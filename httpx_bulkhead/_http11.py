@@ -87,12 +87,18 @@ class HTTP11Connection(PoolEntry):
         idle = self._h11.our_state is h11.IDLE and self._h11.their_state is h11.IDLE
         return idle and not self._eof, self.keep_alive
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
+    def cut(self, exc: BaseException) -> Discard | None:
         """HTTP/1.1 has no way to cancel one exchange: the connection goes."""
         return discard_reason(exc, self)
 
+    async def abandon(self, exc: BaseException) -> Discard | None:
+        return self.cut(exc)
+
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+    def abort(self) -> None:
+        self._stream.abort()
 
     # -- the exchange ------------------------------------------------------------------
     async def send_request(

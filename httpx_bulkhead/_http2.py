@@ -174,6 +174,10 @@ class HTTP2Connection(PoolEntry):
         self._break(httpx.ReadError, "connection closed")
         await self._net.aclose()
 
+    def abort(self) -> None:
+        self._break(httpx.ReadError, "connection closed")
+        self._net.abort()
+
     @property
     def broken(self) -> bool:
         return self._broken is not None
@@ -523,14 +527,16 @@ class H2Stream(_Sleeper):
     def completed(self) -> tuple[bool, float | None]:
         return not self.conn.broken, None
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
-        """Reset the stream (RFC 9113 §5.4.2); the connection stays, unless it is broken."""
+    def cut(self, exc: BaseException) -> Discard | None:
+        """Reset the stream (RFC 9113 §5.4.2; the frame is queued); the connection stays,
+        unless it is broken."""
         conn = self.conn
         if conn.broken:
             reason = discard_reason(exc, self)
             return Discard.ERROR if reason is Discard.UNKNOWN_STATE else reason
         if self.stream_id and not self.ended:
-            self.conn._streams.pop(self.stream_id, None)
+            self.ended = True
+            conn._streams.pop(self.stream_id, None)
             for event in self.events:  # return unread data's window
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                     conn._ack(event.flow_controlled_length, self.stream_id)
@@ -541,11 +547,16 @@ class H2Stream(_Sleeper):
                     conn._listener.on_reset(conn)
                 except h2.exceptions.ProtocolError:
                     pass  # already closed on the peer's side
+        return None
+
+    async def abandon(self, exc: BaseException) -> Discard | None:
+        reason = self.cut(exc)
+        if reason is None and self.conn.pending_output():
             try:
-                await conn._flush(_INTERNAL, _NO_TIMEOUTS)
+                await self.conn._flush(_INTERNAL, _NO_TIMEOUTS)
             except httpx.TransportError:
                 return Discard.ERROR
-        return Discard.ERROR if conn.broken else None
+        return reason
 
 
 def _request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:

@@ -8,6 +8,7 @@ and the slot is released.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator
 
 import httpx
@@ -61,6 +62,25 @@ class ResponseStream(httpx.AsyncByteStream):
         an unknown state (it is closed) and an HTTP/2 stream open (it is reset)."""
         if not self._finished:
             await self._finish(None if self._exchange.finish_buffered() else ClosedEarly())
+
+    def __del__(self) -> None:
+        # A response nobody closed would hold its slot for ever (the classic way to exhaust
+        # a pool): say so, and give the slot and connection back.
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self._compartment.end_leaked(self._conn, self._exchange)
+        except Exception:
+            return
+        warnings.warn(
+            f"a response from compartment {self._compartment.name!r} was never closed; its "
+            "slot has been returned. Use `async with client.stream(...)` or `await "
+            "response.aclose()`.",
+            ResourceWarning,
+            stacklevel=1,
+            source=self,
+        )
 
     async def _finish(self, exc: BaseException | None) -> None:
         if self._finished:

@@ -77,6 +77,9 @@ class CompartmentStats:
     cancelled_waiting: int
     connections_created: int
     stale_retries: int
+    #: Responses garbage-collected without being closed (a ResourceWarning is issued and
+    #: their slot returned): a bug in the caller, which would otherwise exhaust the pool.
+    leaked_responses: int
     # discards, by reason
     idle_expired: int
     lifetime_expired: int

@@ -60,6 +60,11 @@ class NetStream(Protocol):
         """Close at once (no graceful TLS shutdown); never raises."""
         ...
 
+    def abort(self) -> None:
+        """Start closing without waiting, where the backend allows it (from ``__del__``
+        of a response nobody closed); ``aclose`` must still follow."""
+        ...
+
 
 class StreamProtocol(asyncio.Protocol):
     """The asyncio side of ``AsyncioStream``: buffers data, tracks EOF and flow control."""
@@ -203,6 +208,9 @@ class AsyncioStream:
     def socket(self) -> socket.socket | None:
         return self._sock
 
+    def abort(self) -> None:
+        self._transport.abort()
+
     async def aclose(self) -> None:
         if not self._transport.is_closing():
             self._transport.abort()
@@ -254,6 +262,9 @@ class AnyioStream:
     @property
     def socket(self) -> socket.socket | None:
         return self._sock
+
+    def abort(self) -> None:
+        pass  # anyio streams close only with an await: ``aclose`` follows
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):

@@ -140,6 +140,9 @@ class _MemoryStream:
     def is_readable(self) -> bool:
         return self._closed or bool(self._outbox)
 
+    def abort(self) -> None:
+        self._closed = True
+
     async def aclose(self) -> None:
         self._closed = True
 

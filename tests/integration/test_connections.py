@@ -254,3 +254,21 @@ async def test_aclose_wakes_waiters_and_refuses_later_requests(
     stats = transport.statistics()[name]
     assert (stats.running, stats.waiting, stats.connections) == (0, 0, 0)
     gate.open()
+
+
+async def test_unclosed_response_is_reported_and_its_slot_returned(
+    server: HypercornServer,
+) -> None:
+    import gc
+
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    name = server.url
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        response = await client.send(client.build_request("GET", f"{server.url}/"), stream=True)
+        assert transport.statistics()[name].running == 1
+        with pytest.warns(ResourceWarning, match="never closed"):
+            del response
+            gc.collect()
+        stats = transport.statistics()[name]
+        assert (stats.running, stats.leaked_responses, stats.cancelled) == (0, 1, 1)
+        assert (await client.get(f"{server.url}/")).text == "hello"
