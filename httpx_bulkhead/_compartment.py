@@ -61,11 +61,12 @@ class Outcome:
 class Protocols:
     """Which HTTP versions the transport speaks (``http1``/``http2`` of the transport)."""
 
-    __slots__ = ("http1", "http2")
+    __slots__ = ("http1", "http1_parser", "http2")
 
-    def __init__(self, http1: bool, http2: bool) -> None:
+    def __init__(self, http1: bool, http2: bool, http1_parser: str = "h11") -> None:
         self.http1 = http1
         self.http2 = http2
+        self.http1_parser = http1_parser
 
     def may_multiplex(self, origin: Origin) -> bool:
         """HTTP/2 is possible by ALPN on https, or by prior knowledge on http when HTTP/1.1
@@ -236,7 +237,7 @@ class Compartment(ConnectionListener):
                     await conn.aclose()
                     raise
             else:
-                conn = HTTP11Connection(origin, stream)
+                conn = HTTP11Connection(origin, stream, self._protocols.http1_parser)
         except BaseException:
             await self._close_all(self.pool.dial_failed(origin))
             raise

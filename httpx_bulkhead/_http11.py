@@ -1,7 +1,7 @@
-"""One HTTP/1.1 connection, driven by h11 over an anyio byte stream.
+"""One HTTP/1.1 connection: a codec (h11 by default, see ``_codec.py``) over a byte stream.
 
 A connection serves one exchange at a time.  Its state is *known* only between exchanges
-(h11 has both sides at ``IDLE`` after ``start_next_cycle``); if an exchange is cut anywhere
+(both sides finished and agreed to keep alive); if an exchange is cut anywhere
 in the middle (timeout, cancellation, error, response closed before its body was read) the
 caller must close the connection: a late response would otherwise be read by the next
 borrower (RFC 9112 §9.3, §9.6).  ``reusable`` is true only after a complete exchange that
@@ -15,10 +15,19 @@ from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 import anyio
-import h11
 import httpx
 
-from ._exceptions import raise_mapped
+from ._codec import (
+    CLOSED,
+    END,
+    NEED_DATA,
+    PAUSED,
+    Codec,
+    CodecError,
+    Head,
+    LocalCodecError,
+    make_codec,
+)
 from ._exchange import ResponseHead, Timeouts, discard_reason, run_io
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
@@ -46,9 +55,10 @@ class HTTP11Connection(PoolEntry):
     """An HTTP/1.1 connection in a compartment's pool."""
 
     __slots__ = (
+        "_codec",
         "_eof",
-        "_h11",
         "_head_bytes",
+        "_reusable",
         "_stream",
         "id",
         "keep_alive",
@@ -57,35 +67,35 @@ class HTTP11Connection(PoolEntry):
         "wrote_any",
     )
 
-    def __init__(self, origin: Origin, stream: NetStream) -> None:
+    def __init__(self, origin: Origin, stream: NetStream, parser: str = "h11") -> None:
         super().__init__(origin)
         self.id = next_connection_id()
         self.reused = False
         self._stream = stream
-        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_SIZE)
+        self._codec: Codec = make_codec(parser, MAX_HEAD_SIZE)
         self.keep_alive: float | None = None  # the server's Keep-Alive: timeout=, seconds
         self.received_any = False  # a response byte arrived in the current exchange
         self._head_bytes = 0  # bytes read while waiting for the response head
         self._eof = False  # the peer closed its side
+        self._reusable = False  # the last exchange ended cleanly and both keep alive
         self.wrote_any = False  # a request byte was handed to the OS in the current exchange
 
     # -- the Connection protocol: one exchange at a time, the connection is the exchange ---
     def start_exchange(self) -> HTTP11Connection:
         self.reused = self.served > 1
-        self.received_any = self.wrote_any = False
+        self.received_any = self.wrote_any = self._reusable = False
         self._head_bytes = 0
         return self
 
     async def check_reusable(self) -> Discard | None:
         """An idle connection must be silent: readable means the peer closed it or sent
         bytes nobody asked for."""
-        if self._h11.trailing_data[0] or self._stream.is_readable():
+        if self._codec.has_trailing_data or self._stream.is_readable():
             return Discard.PEER_CLOSED
         return None
 
     def completed(self) -> tuple[bool, float | None]:
-        idle = self._h11.our_state is h11.IDLE and self._h11.their_state is h11.IDLE
-        return idle and not self._eof, self.keep_alive
+        return self._reusable and not self._eof, self.keep_alive
 
     def cut(self, exc: BaseException) -> Discard | None:
         """HTTP/1.1 has no way to cancel one exchange: the connection goes."""
@@ -111,84 +121,84 @@ class HTTP11Connection(PoolEntry):
             LocalProtocolError, RequestTimeout.
         """
         target = request.extensions.get("target", request.url.raw_path)
-        event = h11.Request(method=request.method, target=target, headers=request.headers.raw)
-        early: h11.Response | None = None
+        method = request.method.encode("ascii")
+        headers = request.headers.raw
+        early: Head | None = None
         small = _small_body(request)
-        if small is not None and trace is None and not self._expects_continue(event):
+        if small is not None and trace is None and not _expects_continue(headers):
             # The common case: headers and an in-memory body in one write.
-            events: list[Any] = [event, h11.Data(data=small), h11.EndOfMessage()]
-            await self._send_all(events if small else [event, events[2]], request, timeouts)
+            codec = self._codec
+            try:
+                data = codec.request(method, target, headers)
+                if small:
+                    data += codec.data(small)
+                data += codec.end()
+            except LocalCodecError as exc:
+                raise httpx.LocalProtocolError(str(exc), request=request) from exc
+            await self._write(data, request, timeouts)
         else:
-            early = await self._send_streaming(event, request, timeouts, trace)
+            early = await self._send_streaming(method, target, headers, request, timeouts, trace)
         if trace is not None:
             await emit(trace, "http11.receive_response_headers.started", {"request": request})
-        response = early or await self._read_head(request, timeouts)
-        self.keep_alive = _keep_alive_timeout(response.headers)
+        head = early or await self._read_head(request, timeouts)
+        self.keep_alive = _keep_alive_timeout(head.headers)
         if trace is not None:
             await emit(
                 trace,
                 "http11.receive_response_headers.complete",
-                {"return_value": (b"HTTP/1.1", response.status_code, response.reason, [])},
+                {"return_value": (b"HTTP/1.1", head.status, head.reason, head.headers)},
             )
-        return ResponseHead(
-            response.status_code,
-            response.headers.raw_items(),
-            b"HTTP/" + response.http_version,
-            response.reason,
-        )
+        return ResponseHead(head.status, head.headers, b"HTTP/" + head.http_version, head.reason)
 
     async def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
-        """The next chunk of the response body; ``None`` once the body is complete (the
-        connection is then ``reusable`` if both sides keep it alive)."""
+        """The next chunk of the response body; ``None`` once the body is complete."""
         while True:
             event = self._next_event(request)
-            if event is h11.NEED_DATA:
+            if event is NEED_DATA:
                 await self._receive(request, timeouts)
-                continue
-            if isinstance(event, h11.Data):
-                return bytes(event.data)
-            if isinstance(event, h11.EndOfMessage):
-                if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
-                    self._h11.start_next_cycle()
+            elif type(event) is bytes:
+                return event
+            elif event is END:
+                self._reusable = self._codec.reuse()
                 return None
-            raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__}", request=request)
+            else:
+                raise httpx.RemoteProtocolError(f"unexpected {event!r}", request=request)
 
     def finish_buffered(self) -> bool:
         """Consume what is left of the response body *without I/O*; true if that reached its
         end (so a response closed early, e.g. an unread empty body, keeps its connection)."""
         while True:
             try:
-                event = self._h11.next_event()
-            except h11.RemoteProtocolError:
+                event = self._codec.next_event()
+            except CodecError:
                 return False
-            if isinstance(event, h11.Data):
+            if type(event) is bytes:
                 continue
-            if isinstance(event, h11.EndOfMessage) and self._h11.our_state is h11.DONE:
-                if self._h11.their_state is h11.DONE:
-                    self._h11.start_next_cycle()
+            if event is END:
+                self._reusable = self._codec.reuse()
                 return True
             return False
 
     # -- internals ---------------------------------------------------------------------
-    def _expects_continue(self, event: h11.Request) -> bool:
-        return any(
-            name == b"expect" and value.lower() == b"100-continue" for name, value in event.headers
-        )
-
     async def _send_streaming(
         self,
-        event: h11.Request,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
         request: httpx.Request,
         timeouts: Timeouts,
         trace: TraceFn | None,
-    ) -> h11.Response | None:
+    ) -> Head | None:
         """Headers, then the body as it streams (after ``100 Continue`` if asked for).
         Returns a response that arrived before the body was sent, if any."""
+        codec = self._codec
         await emit(trace, "http11.send_request_headers.started", {"request": request})
-        await self._send(event, request, timeouts)
+        await self._write(
+            self._encode(codec.request, method, target, headers, request=request), request, timeouts
+        )
         await emit(trace, "http11.send_request_headers.complete", {"return_value": None})
-        early: h11.Response | None = None
-        if self._h11.client_is_waiting_for_100_continue:
+        early: Head | None = None
+        if codec.waiting_for_continue:
             early = await self._await_continue(request, timeouts)
         if early is None:
             await emit(trace, "http11.send_request_body.started", {"request": request})
@@ -197,7 +207,7 @@ class HTTP11Connection(PoolEntry):
             except httpx.WriteError:
                 # The server may have answered and stopped reading (e.g. 413): prefer its
                 # response to our write error, as a browser would.
-                if self._h11.their_state is not h11.SEND_RESPONSE:
+                if not codec.awaiting_response:
                     raise
                 early = await self._read_head_or_none(request, timeouts)
                 if early is None:
@@ -205,13 +215,16 @@ class HTTP11Connection(PoolEntry):
             await emit(trace, "http11.send_request_body.complete", {"return_value": None})
         return early
 
-    async def _send_all(
-        self, events: list[Any], request: httpx.Request, timeouts: Timeouts
-    ) -> None:
+    def _encode(self, encode: Any, *args: Any, request: httpx.Request) -> bytes:
         try:
-            data = b"".join([self._h11.send(e) or b"" for e in events])
-        except h11.LocalProtocolError as exc:
-            raise_mapped(exc, "write", request)
+            data: bytes = encode(*args)
+        except LocalCodecError as exc:
+            raise httpx.LocalProtocolError(str(exc), request=request) from exc
+        return data
+
+    async def _write(self, data: bytes, request: httpx.Request, timeouts: Timeouts) -> None:
+        if not data:
+            return
         await run_io(self._stream.send, data, "write", timeouts.write, request, timeouts)
         self.wrote_any = True
 
@@ -219,14 +232,15 @@ class HTTP11Connection(PoolEntry):
         stream = request.stream
         if not isinstance(stream, AsyncIterable):
             raise RuntimeError("BulkheadTransport needs an async request stream")
+        codec = self._codec
         async for chunk in stream:
             if chunk:
-                await self._send(h11.Data(data=chunk), request, timeouts)
-        await self._send(h11.EndOfMessage(), request, timeouts)
+                await self._write(
+                    self._encode(codec.data, chunk, request=request), request, timeouts
+                )
+        await self._write(self._encode(codec.end, request=request), request, timeouts)
 
-    async def _await_continue(
-        self, request: httpx.Request, timeouts: Timeouts
-    ) -> h11.Response | None:
+    async def _await_continue(self, request: httpx.Request, timeouts: Timeouts) -> Head | None:
         """Wait briefly for ``100 Continue``; a final response instead means: skip the body."""
         wait = (
             EXPECT_CONTINUE_WAIT
@@ -234,30 +248,28 @@ class HTTP11Connection(PoolEntry):
             else min(timeouts.read, EXPECT_CONTINUE_WAIT)
         )
         with anyio.move_on_after(wait):
-            while self._h11.client_is_waiting_for_100_continue:
+            while self._codec.waiting_for_continue:
                 event = self._next_event(request)
-                if event is h11.NEED_DATA:
+                if event is NEED_DATA:
                     await self._receive(request, timeouts, head=True)
-                elif isinstance(event, h11.Response):
+                elif type(event) is Head:
                     return event
         return None
 
-    async def _read_head(self, request: httpx.Request, timeouts: Timeouts) -> h11.Response:
+    async def _read_head(self, request: httpx.Request, timeouts: Timeouts) -> Head:
         while True:
             event = self._next_event(request)
-            if event is h11.NEED_DATA:
+            if event is NEED_DATA:
                 await self._receive(request, timeouts, head=True)
-            elif isinstance(event, h11.Response):
+            elif type(event) is Head:
                 return event
-            elif isinstance(event, h11.ConnectionClosed):
+            elif event is CLOSED:
                 raise httpx.RemoteProtocolError(
                     "Server disconnected without sending a response.", request=request
                 )
-            # InformationalResponse (1xx other than 101): skip, keep reading.
+            # Informational (1xx other than 101): skip, keep reading.
 
-    async def _read_head_or_none(
-        self, request: httpx.Request, timeouts: Timeouts
-    ) -> h11.Response | None:
+    async def _read_head_or_none(self, request: httpx.Request, timeouts: Timeouts) -> Head | None:
         try:
             return await self._read_head(request, timeouts)
         except httpx.TransportError:
@@ -265,48 +277,47 @@ class HTTP11Connection(PoolEntry):
 
     def _next_event(self, request: httpx.Request) -> Any:
         try:
-            event = self._h11.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise_mapped(exc, "read", request)
-        if event is h11.PAUSED:  # 101 Switching Protocols or CONNECT: not an HTTP exchange
+            event = self._codec.next_event()
+        except CodecError as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+        if event is PAUSED:  # 101 Switching Protocols or CONNECT: not an HTTP exchange
             raise httpx.RemoteProtocolError(
                 "protocol switch (101/CONNECT) is not supported by BulkheadTransport",
                 request=request,
             )
         return event
 
-    async def _send(self, event: Any, request: httpx.Request, timeouts: Timeouts) -> None:
-        try:
-            data = self._h11.send(event)
-        except h11.LocalProtocolError as exc:
-            raise_mapped(exc, "write", request)
-        if not data:
-            return
-        await run_io(self._stream.send, data, "write", timeouts.write, request, timeouts)
-        self.wrote_any = True
-
     async def _receive(
         self, request: httpx.Request, timeouts: Timeouts, *, head: bool = False
     ) -> None:
         size = READ_SIZE
         if head:
-            # h11 only limits an *incomplete* head; reading no more than one byte past the
-            # limit makes every head longer than MAX_HEAD_SIZE incomplete when it is checked.
+            # A codec may only limit an *incomplete* head; reading no more than one byte past
+            # the limit makes every head longer than MAX_HEAD_SIZE incomplete when checked.
             size = max(1, min(READ_SIZE, MAX_HEAD_SIZE + 1 - self._head_bytes))
         data = await run_io(self._stream.receive, size, "read", timeouts.read, request, timeouts)
-        if not data:
-            self._eof = True  # h11 decides whether that ends the message or breaks it
         if data:
             self.received_any = True
             if head:
                 self._head_bytes += len(data)
-        elif not self.received_any and self._h11.their_state is h11.SEND_RESPONSE:
-            # EOF before a single response byte: the server closed the connection (often
-            # an idle keep-alive close racing our request).  Safe to retry, if anything is.
-            raise httpx.RemoteProtocolError(
-                "Server disconnected without sending a response.", request=request
-            )
-        self._h11.receive_data(data)
+        else:
+            self._eof = True  # the codec decides whether that ends the message or breaks it
+            if not self.received_any and self._codec.awaiting_response:
+                # EOF before a single response byte: the server closed the connection (often
+                # an idle keep-alive close racing our request).  Safe to retry, if anything is.
+                raise httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response.", request=request
+                )
+        try:
+            self._codec.feed(data)
+        except CodecError as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+
+
+def _expects_continue(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        name.lower() == b"expect" and value.lower() == b"100-continue" for name, value in headers
+    )
 
 
 def _small_body(request: httpx.Request) -> bytes | None:
@@ -321,7 +332,7 @@ def _small_body(request: httpx.Request) -> bytes | None:
 def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
     """The ``timeout=`` parameter of a ``Keep-Alive`` response header, in seconds."""
     for name, value in headers:
-        if name == b"keep-alive":
+        if name.lower() == b"keep-alive":
             for part in value.split(b","):
                 key, _, number = part.strip().partition(b"=")
                 if key.strip().lower() == b"timeout":

@@ -19,6 +19,16 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["h11", "httptools"])
+def http1_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once per HTTP/1.1 parser (modules opt in with ``usefixtures``): h11 is
+    the reference, httptools the optional fast one."""
+    import httpx_bulkhead._transport as transport_module
+
+    monkeypatch.setattr(transport_module, "DEFAULT_HTTP1_PARSER", request.param)
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def app() -> TestApp:
     return TestApp()

@@ -22,7 +22,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 
 @pytest.mark.parametrize("how", ["task.cancel", "asyncio.timeout", "wait_for", "pool timeout"])

@@ -23,7 +23,7 @@ from tests.servers import (
 )
 from tests.servers.raw import close_after_response
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 
 class FakeClock:

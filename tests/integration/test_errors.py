@@ -26,7 +26,7 @@ from tests.servers import (
 )
 from tests.servers.raw import Handler
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 TIMEOUT = 10.0
 #: ``_http11.MAX_HEAD_SIZE``: the largest response head accepted (64 KiB).

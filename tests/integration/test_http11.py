@@ -17,7 +17,7 @@ import pytest
 from httpx_bulkhead import BulkheadTransport, ExchangeInfo, Policy
 from tests.servers import HypercornServer, RawConn, RawServer, keepalive_ok, never_answer
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 TIMEOUT = 10.0
 

@@ -12,7 +12,7 @@ from httpx_bulkhead import AcquireTimeout, BulkheadFull, BulkheadTransport, Poli
 from tests.conftest import until
 from tests.servers import HypercornServer, TestApp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 
 async def test_gate_isolation_and_queue_rules(app: TestApp, unique: Callable[[str], str]) -> None:

@@ -12,7 +12,7 @@ from httpx_bulkhead import AcquireTimeout, BulkheadTransport, Policy
 from httpx_bulkhead.testing import MockNetwork
 from tests.conftest import until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 
 async def test_respx_mock_using_httpx_works_with_our_transport() -> None:

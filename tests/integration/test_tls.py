@@ -12,7 +12,7 @@ import pytest
 from httpx_bulkhead import BulkheadTransport, CompartmentStats, ExchangeInfo
 from tests.servers import HypercornServer, TestApp, default_server_tls, wrong_host_server_tls
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
 TIMEOUT = 10.0
 

@@ -1,0 +1,161 @@
+"""Differential tests of the HTTP/1.1 codecs: the fast one (httptools) must produce what
+the reference (h11) produces, for any way the bytes are split into reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from httpx_bulkhead._codec import (
+    END,
+    NEED_DATA,
+    CodecError,
+    H11Codec,
+    Head,
+    HttptoolsCodec,
+    Informational,
+    LocalCodecError,
+)
+
+GET = (b"GET", b"/", [(b"Host", b"example.com")])
+HEAD = (b"HEAD", b"/", [(b"Host", b"example.com")])
+CLOSE = (b"GET", b"/", [(b"Host", b"example.com"), (b"Connection", b"close")])
+
+CASES: list[tuple[str, tuple[bytes, bytes, list[tuple[bytes, bytes]]], bytes]] = [
+    ("length", GET, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
+    ("empty", GET, b"HTTP/1.1 204 No Content\r\n\r\n"),
+    ("not-modified", GET, b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n"),
+    (
+        "chunked",
+        GET,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ),
+    ("close", GET, b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"),
+    ("http10", GET, b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    ("eof-body", GET, b"HTTP/1.1 200 OK\r\n\r\nuntil the end"),
+    ("head", HEAD, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"),
+    (
+        "informational",
+        GET,
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    ),
+    ("we-close", CLOSE, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    ("trailing", GET, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"),
+    ("garbage-after", GET, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok\x00\x01garbage"),
+    ("bad-status", GET, b"HTTX/9.9 banana\r\n\r\n"),
+    ("bad-chunk", GET, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+    ("truncated", GET, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"),
+    ("no-response", GET, b""),
+    ("reason-spaces", GET, b"HTTP/1.1 418 I'm a teapot\r\nContent-Length: 0\r\n\r\n"),
+    (
+        "set-cookie",
+        GET,
+        b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nContent-Length: 0\r\n\r\n",
+    ),
+]
+
+
+def run(
+    codec: Any,
+    request: tuple[bytes, bytes, list[tuple[bytes, bytes]]],
+    wire: bytes,
+    cuts: list[int],
+) -> list[Any]:
+    """Drive a codec through one exchange, reads cut at ``cuts``; a normalized trace."""
+    method, target, headers = request
+    codec.request(method, target, headers)
+    codec.end()
+    trace: list[Any] = []
+    body = b""
+    pos = 0
+    pieces = []
+    for cut in cuts:
+        if pos >= len(wire):
+            break
+        pieces.append(wire[pos : pos + cut])
+        pos += cut
+    if pos < len(wire):
+        pieces.append(wire[pos:])
+    pieces.append(b"")  # end of stream
+    try:
+        for index, piece in enumerate(pieces):
+            codec.feed(piece)
+            while (event := codec.next_event()) is not NEED_DATA:
+                if type(event) is bytes:
+                    body += event
+                    continue
+                if type(event) is Head:
+                    lowered = [(k.lower(), v) for k, v in event.headers]
+                    event = Head(event.status, lowered, event.http_version, event.reason)
+                trace.append(event)
+                if event is END:
+                    trace.append(("body", body))
+                    reusable = codec.reuse()
+                    for rest in pieces[index + 1 : -1]:  # what follows, short of EOF
+                        codec.feed(rest)
+                    trace.append(("reuse", reusable, codec.has_trailing_data))
+                    return trace
+                if repr(event) == "CLOSED":  # h11 raises instead: both mean "no response"
+                    trace[-1] = "error"
+                    return trace
+                if repr(event) == "PAUSED":
+                    return trace
+    except CodecError:
+        trace.append("error")
+    return trace
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 40), max_size=12))
+@pytest.mark.parametrize(("name", "request_", "wire"), CASES, ids=[c[0] for c in CASES])
+def test_httptools_codec_matches_h11(
+    name: str,
+    request_: tuple[bytes, bytes, list[tuple[bytes, bytes]]],
+    wire: bytes,
+    cuts: list[int],
+) -> None:
+    reference = run(H11Codec(65536), request_, wire, cuts)
+    fast = run(HttptoolsCodec(65536), request_, wire, cuts)
+    if name in ("trailing", "garbage-after"):
+        # Both deliver the response; neither lets the connection be reused.
+        assert fast[:3] == reference[:3]
+        for trace in (fast, reference):
+            _, reusable, trailing = trace[3]
+            assert trailing or not reusable
+        return
+    assert fast == reference
+
+
+def test_request_encoding_is_validated_and_framed() -> None:
+    for codec in (H11Codec(1024), HttptoolsCodec(1024)):
+        with pytest.raises(LocalCodecError):
+            codec.request(b"GET", b"/", [(b"Host", b"x"), (b"X-Bad", b"a\r\nInjected: 1")])
+    fast, ref = HttptoolsCodec(1024), H11Codec(1024)
+    headers = [(b"Host", b"x"), (b"Transfer-Encoding", b"chunked")]
+    assert fast.request(b"POST", b"/up", headers) == ref.request(b"POST", b"/up", headers)
+    assert fast.data(b"hello") == ref.data(b"hello")
+    assert fast.end() == ref.end()
+
+
+def test_head_too_long_is_an_error() -> None:
+    codec = HttptoolsCodec(100)
+    codec.request(*GET)
+    codec.end()
+    with pytest.raises(CodecError, match="too long"):
+        codec.feed(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 200)
+
+
+def test_informational_then_final() -> None:
+    codec = HttptoolsCodec(1024)
+    codec.request(
+        b"POST", b"/", [(b"Host", b"x"), (b"Expect", b"100-continue"), (b"Content-Length", b"2")]
+    )
+    assert codec.waiting_for_continue
+    codec.feed(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert codec.waiting_for_continue  # until the answer is taken
+    assert codec.next_event() == Informational(100)
+    assert not codec.waiting_for_continue
