@@ -63,6 +63,10 @@ class ResponseStream(httpx.AsyncByteStream):
         if not self._finished:
             await self._finish(None if self._exchange.finish_buffered() else ClosedEarly())
 
+    async def fail(self, exc: BaseException) -> None:
+        """The response could not be handed over: end the exchange as cut by ``exc``."""
+        await self._finish(exc)
+
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
         # a pool): say so, and give the slot and connection back.

@@ -106,7 +106,8 @@ class CompartmentStats:
     #: ...and requests that waited, then were served by an open connection's free capacity
     #: (HTTP/2: a stream; HTTP/1.1: a connection another request released).
     stream_waits: int
-    # acquire wait (slot and connection), over the last ``WAIT_WINDOW`` acquisitions
+    # acquire wait (slot and connection), over the last ``WAIT_WINDOW`` attempts, including
+    # those that ended in ``AcquireTimeout`` (rejections by ``BulkheadFull`` do not wait)
     wait_p50: float
     wait_p95: float
     wait_p99: float

@@ -251,8 +251,9 @@ class AnyioStream:
         sock = self._sock
         if sock is None or sock.fileno() < 0:
             return True
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable)
+        poller = select.poll()  # not select(): it fails on descriptors >= 1024
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
 
     @property
     def alpn(self) -> str | None:

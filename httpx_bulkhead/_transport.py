@@ -12,7 +12,7 @@ import httpx
 
 from ._compartment import Compartment, Outcome, Protocols
 from ._config import Policy
-from ._exceptions import TransportClosed
+from ._exceptions import AcquireTimeout, TransportClosed
 from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._response import ResponseStream
@@ -145,7 +145,11 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         timeout = request.extensions.get("timeout") or {}
         started = time.monotonic()
         budget = _shorter(timeout.get("pool"), policy.acquire_timeout)
-        waited = await compartment.acquire(budget, request)
+        try:
+            waited = await compartment.acquire(budget, request)
+        except AcquireTimeout:
+            compartment.record_wait(time.monotonic() - started)  # failed waits count too
+            raise
         try:
             acquire_deadline = None if budget is None else started + budget
             deadline = None
@@ -160,29 +164,34 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                 connect_timeout=_shorter(timeout.get("connect"), policy.request_timeout),
             )
         except BaseException as exc:
+            if isinstance(exc, AcquireTimeout):
+                compartment.record_wait(time.monotonic() - started)
             compartment.release(Outcome.FAILED if isinstance(exc, Exception) else Outcome.CANCELLED)
             raise
-        queue_wait = waited + conn_wait
-        compartment.record_wait(queue_wait)
-        extensions = {
-            "http_version": head.http_version,
-            "reason_phrase": head.reason,
-            "bulkhead": ExchangeInfo(
-                compartment=compartment.name,
-                queue_wait=queue_wait,
-                reused=exchange.reused,
-                retried=retried,
-                connection_id=conn.id,
-            ),
-        }
-        if head.stream_id is not None:
-            extensions["stream_id"] = head.stream_id
-        return httpx.Response(
-            status_code=head.status,
-            headers=head.headers,
-            stream=ResponseStream(compartment, conn, exchange, request, timeouts),
-            extensions=extensions,
-        )
+        # From here the response stream owns the slot and the exchange.
+        stream = ResponseStream(compartment, conn, exchange, request, timeouts)
+        try:
+            queue_wait = waited + conn_wait
+            compartment.record_wait(queue_wait)
+            extensions = {
+                "http_version": head.http_version,
+                "reason_phrase": head.reason,
+                "bulkhead": ExchangeInfo(
+                    compartment=compartment.name,
+                    queue_wait=queue_wait,
+                    reused=exchange.reused,
+                    retried=retried,
+                    connection_id=conn.id,
+                ),
+            }
+            if head.stream_id is not None:
+                extensions["stream_id"] = head.stream_id
+            return httpx.Response(
+                status_code=head.status, headers=head.headers, stream=stream, extensions=extensions
+            )
+        except BaseException as exc:
+            await stream.fail(exc)
+            raise
 
     def statistics(self) -> dict[str, CompartmentStats]:
         """A snapshot of every compartment, by name (see ``CompartmentStats``)."""

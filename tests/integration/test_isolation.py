@@ -122,7 +122,9 @@ async def test_exhaustion_same_compartment_times_out_other_host_is_served(
                         await client.get(f"{slow.url}/")
                 fast_results = [(await client.get(f"{fast.url}/")).status_code for _ in range(20)]
                 assert fast_results == [200] * 20
-                assert transport.statistics()[slow_key].acquire_timeouts == 3
+                slow_stats = transport.statistics()[slow_key]
+                assert slow_stats.acquire_timeouts == 3
+                assert slow_stats.wait_max >= 0.04  # the failed waits are in the quantiles
                 gate.open()
 
     # Recovery: the same, with a request_timeout on the slow compartment.
