@@ -1,0 +1,158 @@
+"""Root ``conftest.py`` that ``scripts/httpx_suite.py`` copies into the extracted httpx sdist.
+
+Not a test module of this repository: it is only ever loaded by pytest from the root of the
+extracted httpx tree.  Driven by environment variables set by ``httpx_suite.py``:
+
+``HTTPX_SUITE_RESULTS``
+    a JSON-lines file: one line per test phase report (node id, phase, outcome, reason).
+``HTTPX_SUITE_PATCH``
+    ``"1"``: a client created without ``transport=`` (``httpx.AsyncClient._init_transport``)
+    gets a ``BulkheadTransport`` built from the same keyword arguments.  The proxy transports
+    (``_init_proxy_transport``) and the sync ``httpx.Client`` are left alone.
+
+In both runs uvicorn's ``http="auto"`` is pinned to its h11 implementation, as in httpx's own
+CI (which does not install httptools): with httptools installed, uvicorn writes
+``transfer-encoding`` in lower case and httpx's CLI tests (``tests/test_main.py``) fail with
+either transport.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+if TYPE_CHECKING:
+    from httpx_bulkhead import BulkheadTransport
+
+_RESULTS = os.environ.get("HTTPX_SUITE_RESULTS")
+_PATCH = os.environ.get("HTTPX_SUITE_PATCH") == "1"
+# The transports the patch created during the current test (dropped when it ends), so the
+# report can show that the test really went through BulkheadTransport.
+_created: list[BulkheadTransport] = []
+
+
+def _patch_async_client() -> None:
+    from httpx_bulkhead import BulkheadTransport
+
+    original = httpx.AsyncClient._init_transport
+
+    def _init_transport(
+        self: httpx.AsyncClient,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = httpx._config.DEFAULT_LIMITS,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> httpx.AsyncBaseTransport:
+        if transport is not None:
+            return original(self, transport=transport)
+        # The same arguments AsyncClient gives AsyncHTTPTransport in httpx 0.28.1, plus the
+        # transport-only ones at AsyncHTTPTransport's defaults (the client has no such options).
+        created = BulkheadTransport(
+            verify=verify,
+            cert=cert,
+            trust_env=trust_env,
+            http1=http1,
+            http2=http2,
+            limits=limits,
+            retries=0,
+            local_address=None,
+            uds=None,
+            socket_options=None,
+        )
+        _created.append(created)
+        return created
+
+    httpx.AsyncClient._init_transport = _init_transport  # type: ignore[method-assign]
+
+
+def _pin_uvicorn_h11() -> None:
+    protocols = importlib.import_module("uvicorn.config").HTTP_PROTOCOLS
+    protocols["auto"] = protocols["h11"]
+
+
+_pin_uvicorn_h11()
+if _PATCH:
+    _patch_async_client()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"httpx-suite: httpx {httpx.__version__} from {os.path.dirname(httpx.__file__)}"]
+    if _PATCH:
+        import httpx_bulkhead
+
+        where = os.path.dirname(httpx_bulkhead.__file__)
+        lines.append(f"httpx-suite: AsyncClient default transport: BulkheadTransport ({where})")
+    else:
+        lines.append("httpx-suite: AsyncClient default transport: httpx.AsyncHTTPTransport")
+    return lines
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Tell the driver which httpx and which httpx_bulkhead this run really imported."""
+    meta: dict[str, object] = {"httpx_version": httpx.__version__, "httpx_file": httpx.__file__}
+    if _PATCH:
+        import httpx_bulkhead
+
+        meta["httpx_bulkhead_file"] = httpx_bulkhead.__file__
+    _write({"meta": meta})
+
+
+def _write(record: dict[str, object]) -> None:
+    if _RESULTS is not None:
+        with open(_RESULTS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _created.clear()
+
+
+def _reason(report: pytest.TestReport) -> str:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2])
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if isinstance(message, str) and message:
+        return message
+    return report.longreprtext
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _RESULTS is None:
+        return
+    record: dict[str, object] = {
+        "nodeid": report.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "xfail": hasattr(report, "wasxfail"),
+        "reason": "" if report.passed else _reason(report),
+    }
+    if report.when == "teardown":
+        record["transports"] = len(_created)
+        record["requests"] = sum(
+            stats.acquired for transport in _created for stats in transport.statistics().values()
+        )
+        _created.clear()
+    _write(record)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if _RESULTS is None or not report.failed:
+        return
+    record: dict[str, object] = {
+        "nodeid": report.nodeid,
+        "when": "collect",
+        "outcome": "failed",
+        "xfail": False,
+        "reason": report.longreprtext,
+    }
+    _write(record)
