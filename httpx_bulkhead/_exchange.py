@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, NoReturn, Protocol, TypeVar
 
 import anyio
 import httpx
@@ -87,12 +87,8 @@ async def run_io(
     limit, by_deadline = timeouts.budget(op_timeout)
     try:
         return await op(arg, limit)
-    except TimeoutError as exc:
-        if by_deadline:
-            raise RequestTimeout("request_timeout passed", request=request) from exc
-        raise_mapped(exc, phase, request)
     except Exception as exc:
-        raise_mapped(exc, phase, request)
+        _fail(exc, by_deadline, phase, request)
 
 
 async def run_waiting(
@@ -107,12 +103,16 @@ async def run_waiting(
     try:
         with anyio.fail_after(limit):
             return await awaitable
-    except TimeoutError as exc:
-        if by_deadline:
-            raise RequestTimeout("request_timeout passed", request=request) from exc
-        raise_mapped(exc, phase, request)
     except Exception as exc:
-        raise_mapped(exc, phase, request)
+        _fail(exc, by_deadline, phase, request)
+
+
+def _fail(exc: Exception, by_deadline: bool, phase: Phase, request: httpx.Request) -> NoReturn:
+    """Raise the httpx exception for a failed I/O operation (``RequestTimeout`` when the
+    total deadline, not the operation's own timeout, is what passed)."""
+    if by_deadline and isinstance(exc, TimeoutError):
+        raise RequestTimeout("request_timeout passed", request=request) from exc
+    raise_mapped(exc, phase, request)
 
 
 class Exchange(Protocol):
