@@ -3,8 +3,9 @@ it, whatever the protocol: the seam between pool logic and HTTP/1.1 or HTTP/2 I/
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import NamedTuple, NoReturn, Protocol, TypeVar
 
 import anyio
@@ -24,6 +25,7 @@ __all__ = [
     "Refused",
     "ResponseHead",
     "Timeouts",
+    "body_chunks",
     "discard_reason",
     "is_disconnect",
     "run_io",
@@ -42,6 +44,19 @@ class ResponseHead(NamedTuple):
 class Refused(Exception):
     """Internal: the server did not process the request (GOAWAY above its stream id, or
     REFUSED_STREAM), so it may be sent again on another connection (RFC 9113 §8.7)."""
+
+
+@contextlib.asynccontextmanager
+async def body_chunks(stream: AsyncIterable[bytes]) -> AsyncIterator[AsyncIterator[bytes]]:
+    """Iterate a request body, closing its iterator even when sending stops early (an
+    async generator left open is finalized at random, with a warning under trio)."""
+    iterator = aiter(stream)
+    try:
+        yield iterator
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class ClosedEarly(Exception):

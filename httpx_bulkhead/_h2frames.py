@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["FrameSplitter", "GoAway"]
+__all__ = ["FrameSizeError", "FrameSplitter", "GoAway"]
 
 _GOAWAY = 0x7
 _HEADER = 9
+#: SETTINGS_MAX_FRAME_SIZE we advertise (the protocol default, which we do not change).
+MAX_FRAME_SIZE = 16_384
+
+
+class FrameSizeError(Exception):
+    """A GOAWAY longer than our SETTINGS_MAX_FRAME_SIZE (RFC 9113 §4.2): a connection error.
+    Raised before its payload is buffered, so memory stays bounded."""
 
 
 class GoAway(NamedTuple):
@@ -57,6 +64,7 @@ class FrameSplitter:
                 self._held += view[pos:]
                 break
             elif view[pos + 3] == _GOAWAY:
+                self._check_goaway(int.from_bytes(view[pos : pos + 3], "big"))
                 self._held += view[pos : pos + _HEADER]
                 pos += _HEADER
                 self._release(out, goaways)
@@ -73,8 +81,15 @@ class FrameSplitter:
         if len(held) < _HEADER:
             return _HEADER - len(held)
         if held[3] == _GOAWAY:
-            return _HEADER + int.from_bytes(held[0:3], "big") - len(held)
+            length = int.from_bytes(held[0:3], "big")
+            self._check_goaway(length)
+            return _HEADER + length - len(held)
         return 0
+
+    @staticmethod
+    def _check_goaway(length: int) -> None:
+        if length > MAX_FRAME_SIZE:
+            raise FrameSizeError(f"GOAWAY frame of {length} bytes exceeds {MAX_FRAME_SIZE}")
 
     def _release(self, out: bytearray, goaways: list[GoAway]) -> None:
         """``_held`` is a complete header (or a complete GOAWAY frame): act on it."""

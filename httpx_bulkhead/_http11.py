@@ -28,7 +28,7 @@ from ._codec import (
     LocalCodecError,
     make_codec,
 )
-from ._exchange import ResponseHead, Timeouts, discard_reason, run_io
+from ._exchange import ResponseHead, Timeouts, body_chunks, discard_reason, run_io
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
 from ._streams import NetStream
@@ -233,11 +233,11 @@ class HTTP11Connection(PoolEntry):
         if not isinstance(stream, AsyncIterable):
             raise RuntimeError("BulkheadTransport needs an async request stream")
         codec = self._codec
-        async for chunk in stream:
-            if chunk:
-                await self._write(
-                    self._encode(codec.data, chunk, request=request), request, timeouts
-                )
+        async with body_chunks(stream) as chunks:
+            async for chunk in chunks:
+                if chunk:
+                    data = self._encode(codec.data, chunk, request=request)
+                    await self._write(data, request, timeouts)
         await self._write(self._encode(codec.end, request=request), request, timeouts)
 
     async def _await_continue(self, request: httpx.Request, timeouts: Timeouts) -> Head | None:

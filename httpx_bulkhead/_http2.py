@@ -45,8 +45,16 @@ import h2.exceptions
 import h2.settings
 import httpx
 
-from ._exchange import Refused, ResponseHead, Timeouts, discard_reason, run_io, run_waiting
-from ._h2frames import FrameSplitter
+from ._exchange import (
+    Refused,
+    ResponseHead,
+    Timeouts,
+    body_chunks,
+    discard_reason,
+    run_io,
+    run_waiting,
+)
+from ._h2frames import FrameSizeError, FrameSplitter
 from ._http11 import next_connection_id
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
@@ -244,7 +252,11 @@ class HTTP2Connection(PoolEntry):
             self._break(httpx.RemoteProtocolError, "Server disconnected.")
             return
         self.last_frame_at = time.monotonic()
-        data, goaways = self._frames.feed(data)
+        try:
+            data, goaways = self._frames.feed(data)
+        except FrameSizeError as exc:
+            self._break(httpx.RemoteProtocolError, f"HTTP/2 frame size error: {exc}")
+            return
         try:
             events = self._h2.receive_data(data) if data else []
         except h2.exceptions.ProtocolError as exc:
@@ -425,37 +437,47 @@ class H2Stream(_Sleeper):
         stream = request.stream
         if not isinstance(stream, AsyncIterable):
             raise RuntimeError("BulkheadTransport needs an async request stream")
-        conn, h2c = self.conn, self.conn._h2
-        async for chunk in stream:
-            data = memoryview(chunk)
-            while data:
-                if self.events or self.refused or self.reset_code is not None:
+        conn = self.conn
+        async with body_chunks(stream) as chunks:
+            async for chunk in chunks:
+                if not await self._send_chunk(memoryview(chunk), request, timeouts):
                     return  # the server answered (or gave up) early: stop sending
-                window = self._window()
-                if window <= 0:
-                    self.wants_window = True
-                    try:
-                        await run_waiting(
-                            conn.wait_until(self, lambda: self._window() > 0 or bool(self.events)),
-                            "write",
-                            timeouts.write,
-                            request,
-                            timeouts,
-                        )
-                    finally:
-                        self.wants_window = False
-                    continue
-                piece, data = data[:window], data[window:]
-                try:
-                    h2c.send_data(self.stream_id, bytes(piece))
-                except h2.exceptions.StreamClosedError:
-                    return
-                await conn._flush(request, timeouts)
+        h2c = conn._h2
         try:
             h2c.end_stream(self.stream_id)
         except h2.exceptions.StreamClosedError:
             return
         await conn._flush(request, timeouts)
+
+    async def _send_chunk(
+        self, data: memoryview, request: httpx.Request, timeouts: Timeouts
+    ) -> bool:
+        """Send ``data`` as flow control allows; False if the stream stopped taking data."""
+        conn, h2c = self.conn, self.conn._h2
+        while data:
+            if self.events or self.refused or self.reset_code is not None:
+                return False
+            window = self._window()
+            if window <= 0:
+                self.wants_window = True
+                try:
+                    await run_waiting(
+                        conn.wait_until(self, lambda: self._window() > 0 or bool(self.events)),
+                        "write",
+                        timeouts.write,
+                        request,
+                        timeouts,
+                    )
+                finally:
+                    self.wants_window = False
+                continue
+            piece, data = data[:window], data[window:]
+            try:
+                h2c.send_data(self.stream_id, bytes(piece))
+            except h2.exceptions.StreamClosedError:
+                return False
+            await conn._flush(request, timeouts)
+        return True
 
     def _window(self) -> int:
         h2c = self.conn._h2

@@ -125,8 +125,10 @@ class Connector:
             transport, protocol = await loop.create_unix_connection(StreamProtocol, self.uds)
         else:
             local = None if self.local_address is None else (self.local_address, 0)
+            # No happy_eyeballs_delay: asyncio's staggered race (3.11) can drop an already
+            # connected socket, unclosed, when the caller is cancelled at that moment.
             transport, protocol = await loop.create_connection(
-                StreamProtocol, host, port, local_addr=local, happy_eyeballs_delay=0.25
+                StreamProtocol, host, port, local_addr=local
             )
         assert isinstance(transport, asyncio.Transport)
         stream = AsyncioStream(transport, protocol)
@@ -135,9 +137,14 @@ class Connector:
 
     async def _start_tls_asyncio(self, stream: AsyncioStream, sni: str) -> None:
         loop = asyncio.get_running_loop()
-        tls_transport = await loop.start_tls(
-            stream._transport, stream._proto, self.ssl_context, server_hostname=sni
-        )
+        raw = stream._transport
+        try:
+            tls_transport = await loop.start_tls(
+                raw, stream._proto, self.ssl_context, server_hostname=sni
+            )
+        except BaseException:
+            raw.abort()  # make sure the socket is closed whatever stage the handshake reached
+            raise
         assert isinstance(tls_transport, asyncio.Transport)
         stream.upgraded(tls_transport)
 

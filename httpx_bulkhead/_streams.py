@@ -78,6 +78,7 @@ class StreamProtocol(asyncio.Protocol):
         self.lost = False
         self.reading_paused = False
         self.writing_paused = False
+        self.tls = False  # set once TLS runs over the transport
         self.read_waiter: asyncio.Future[None] | None = None
         self.write_waiter: asyncio.Future[None] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -97,7 +98,10 @@ class StreamProtocol(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         _wake(self.read_waiter)
-        return False  # close our side too: HTTP never half-closes
+        # Keep the transport open: a request written after the peer's FIN must fail on the
+        # read side ("Server disconnected"), as on every other backend, not as a write error.
+        # (asyncio's TLS transport always closes on EOF and warns if asked otherwise.)
+        return not self.tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -141,6 +145,7 @@ class AsyncioStream:
         """Continue on ``transport`` (the TLS one returned by ``loop.start_tls``)."""
         self._transport = transport
         self._proto.transport = transport
+        self._proto.tls = True
 
     async def _wait(self, timeout: float | None, *, write: bool = False) -> None:
         waiter = self._loop.create_future()
@@ -188,6 +193,8 @@ class AsyncioStream:
     async def send(self, data: bytes, timeout: float | None) -> None:
         proto = self._proto
         if proto.lost or self._transport.is_closing():
+            if proto.eof:  # the peer closed first: let the read report it
+                return
             raise ConnectionResetError("the connection is closed")
         self._transport.write(data)
         while proto.writing_paused and not proto.lost:
@@ -212,12 +219,12 @@ class AsyncioStream:
         self._transport.abort()
 
     async def aclose(self) -> None:
-        if not self._transport.is_closing():
-            self._transport.abort()
-        elif not self._proto.lost:
-            self._transport.abort()  # a graceful close in progress: cut it short
+        # abort() closes the socket from a callback it schedules at once; one turn of the
+        # loop runs it.  (Waiting for connection_lost instead could hang: during a TLS
+        # handshake asyncio never calls it.)
+        self._transport.abort()
         with contextlib.suppress(BaseException):
-            await asyncio.shield(self._proto.closed)
+            await asyncio.sleep(0)
 
 
 class AnyioStream:

@@ -72,8 +72,11 @@ async def test_cap_lowered_then_raised_mid_connection() -> None:
             assert transport.statistics()[srv.url].completed == 7
 
             srv.set_max_streams(5)
-            await client.get(f"{srv.url}/")  # reads the new SETTINGS
-            await srv.until_event("settings-acked-5")
+            # The connection is idle: the new SETTINGS are read (and ACKed) when it is next
+            # used, by whichever request comes after they arrive.
+            with anyio.fail_after(10):
+                while not srv.event("settings-acked-5").is_set():
+                    await client.get(f"{srv.url}/")
             async with anyio.create_task_group() as tg:
                 for _ in range(5):
                     tg.start_soon(client.get, f"{srv.url}/hold/high")
@@ -157,12 +160,19 @@ async def test_cap_lowered_to_zero_scales_out() -> None:
     with h2script.settings_zero() as srv:
         transport = h2c(max_connections=4)
         async with httpx.AsyncClient(transport=transport, timeout=10) as client:
-            await client.get(f"{srv.url}/")
-            await srv.until_event("settings-acked-0")
-            second = await client.get(f"{srv.url}/")
-            assert second.status_code == 200
-            stats = transport.statistics()[srv.url]
-            assert stats.connections_created == 2
+            first = await client.get(f"{srv.url}/")
+            # The server lowers the cap to 0 after its first response; the client sees it
+            # when it next uses the connection.
+            with anyio.fail_after(10):
+                while not srv.event("settings-acked-0").is_set():
+                    assert (await client.get(f"{srv.url}/")).status_code == 200
+            after = await client.get(f"{srv.url}/")
+            assert after.status_code == 200
+            assert (
+                after.extensions["bulkhead"].connection_id
+                != first.extensions["bulkhead"].connection_id
+            )  # no stream on a connection whose cap is 0
+            assert 0 in transport.statistics()[srv.url].stream_caps
         assert not srv.violations
 
 

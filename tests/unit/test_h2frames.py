@@ -71,3 +71,15 @@ def test_payload_fast_path_passes_large_reads_through() -> None:
     assert data == big + b"x" * 10 and not found
     chunk = b"y" * 50_000
     assert splitter.feed(chunk) == (chunk, [])
+
+
+def test_oversized_goaway_is_refused_before_it_is_buffered() -> None:
+    import pytest
+
+    from httpx_bulkhead._h2frames import FrameSizeError
+
+    splitter = FrameSplitter()
+    header = (16 * 1024 * 1024).to_bytes(3, "big") + bytes([0x7, 0]) + (0).to_bytes(4, "big")
+    with pytest.raises(FrameSizeError):
+        splitter.feed(header[:5])  # even split inside the header
+        splitter.feed(header[5:])
