@@ -79,7 +79,7 @@ def test_oversized_goaway_is_refused_before_it_is_buffered() -> None:
     from httpx_bulkhead._h2frames import FrameSizeError
 
     splitter = FrameSplitter()
-    header = (16 * 1024 * 1024).to_bytes(3, "big") + bytes([0x7, 0]) + (0).to_bytes(4, "big")
+    header = (16 * 1024 * 1024 - 1).to_bytes(3, "big") + bytes([0x7, 0]) + (0).to_bytes(4, "big")
     with pytest.raises(FrameSizeError):
         splitter.feed(header[:5])  # even split inside the header
         splitter.feed(header[5:])
