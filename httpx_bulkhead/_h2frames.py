@@ -96,6 +96,7 @@ class FrameSplitter:
         held = self._held
         length = int.from_bytes(held[0:3], "big")
         if held[3] == _GOAWAY:
+            self._check_goaway(length)
             if len(held) < _HEADER + length:
                 return  # keep collecting its payload
             payload = held[_HEADER:]
