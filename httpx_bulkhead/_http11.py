@@ -56,7 +56,6 @@ class HTTP11Connection(PoolEntry):
 
     __slots__ = (
         "_codec",
-        "_eof",
         "_head_bytes",
         "_reusable",
         "_stream",
@@ -76,7 +75,6 @@ class HTTP11Connection(PoolEntry):
         self.keep_alive: float | None = None  # the server's Keep-Alive: timeout=, seconds
         self.received_any = False  # a response byte arrived in the current exchange
         self._head_bytes = 0  # bytes read while waiting for the response head
-        self._eof = False  # the peer closed its side
         self._reusable = False  # the last exchange ended cleanly and both keep alive
         self.wrote_any = False  # a request byte was handed to the OS in the current exchange
 
@@ -95,7 +93,7 @@ class HTTP11Connection(PoolEntry):
         return None
 
     def completed(self) -> tuple[bool, float | None]:
-        return self._reusable and not self._eof, self.keep_alive
+        return self._reusable, self.keep_alive
 
     def cut(self, exc: BaseException) -> Discard | None:
         """HTTP/1.1 has no way to cancel one exchange: the connection goes."""
@@ -300,14 +298,12 @@ class HTTP11Connection(PoolEntry):
             self.received_any = True
             if head:
                 self._head_bytes += len(data)
-        else:
-            self._eof = True  # the codec decides whether that ends the message or breaks it
-            if not self.received_any and self._codec.awaiting_response:
-                # EOF before a single response byte: the server closed the connection (often
-                # an idle keep-alive close racing our request).  Safe to retry, if anything is.
-                raise httpx.RemoteProtocolError(
-                    "Server disconnected without sending a response.", request=request
-                )
+        elif not self.received_any and self._codec.awaiting_response:
+            # EOF before a single response byte: the server closed the connection (often an
+            # idle keep-alive close racing our request).  Safe to retry, if anything is.
+            raise httpx.RemoteProtocolError(
+                "Server disconnected without sending a response.", request=request
+            )
         try:
             self._codec.feed(data)
         except CodecError as exc:
