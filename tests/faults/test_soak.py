@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import gc
 import itertools
 import math
@@ -412,7 +413,9 @@ async def test_rejections_do_not_grow_memory(
     transport = BulkheadTransport(default=Policy(max_concurrency=1, max_pending=0))
     async with httpx.AsyncClient(transport=transport, timeout=10) as client:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(client.get, f"{server.url}/gate/{gate.name}")
+            # The holder waits as long as the rejections take (tracemalloc makes them slow).
+            hold = functools.partial(client.get, f"{server.url}/gate/{gate.name}", timeout=None)
+            tg.start_soon(hold)
             await gate.until_entered(1)
             with pytest.raises(BulkheadFull):  # the path a caller takes...
                 await client.get(f"{server.url}/")
