@@ -9,9 +9,15 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
   what is measured.
 * The main metric is client CPU time per request (``time.process_time()`` deltas around a
   batch of requests); requests per second (wall clock) is reported beside it.
-* Contestants: ``httpx-default`` (``httpx.AsyncHTTPTransport``), ``bulkhead``
-  (``BulkheadTransport``) and ``h11-floor``: h11 driven over a bare asyncio ``Protocol``, one
-  keep-alive connection per worker, the least an h11-based client can do.
+* Contestants (HTTP/1.1): ``httpx-default`` (``httpx.AsyncHTTPTransport``), ``bulkhead``
+  (``BulkheadTransport``, its default h11 codec), ``bulkhead+httptools`` (``BulkheadTransport``
+  with ``http1_parser="httptools"``, the optional fast codec) and ``h11-floor``: h11 driven
+  over a bare asyncio ``Protocol``, one keep-alive connection per worker, the least an
+  h11-based client can do.
+* Contestants (HTTP/2, h2c with prior knowledge, against ``server.js --http2``):
+  ``httpx-default-h2`` (``AsyncHTTPTransport(http1=False, http2=True)``) and ``bulkhead-h2``
+  (``BulkheadTransport(http1=False, http2=True)``).  The server counts the TCP connections
+  each port accepted (``NodeServer.stats``), so each contestant gets a port of its own.
 * Drivers run one request each: through ``httpx.AsyncClient`` (``level="client"``) or by
   calling ``transport.handle_async_request`` directly (``level="transport"``).
 
@@ -53,6 +59,10 @@ __all__ = [
     "CONTESTANTS",
     "DEFAULT",
     "FLOOR",
+    "H2_BULKHEAD",
+    "H2_CONTESTANTS",
+    "H2_DEFAULT",
+    "HTTPTOOLS",
     "Driver",
     "NodeServer",
     "Sample",
@@ -60,6 +70,7 @@ __all__ = [
     "library_info",
     "machine_info",
     "make_driver",
+    "paired_ratio",
     "pin",
     "run_batch",
 ]
@@ -70,7 +81,14 @@ ROOT = HERE.parent
 DEFAULT = "httpx-default"
 BULKHEAD = "bulkhead"
 FLOOR = "h11-floor"
-CONTESTANTS = (DEFAULT, BULKHEAD, FLOOR)
+HTTPTOOLS = "bulkhead+httptools"
+CONTESTANTS = (DEFAULT, BULKHEAD, HTTPTOOLS, FLOOR)
+#: HTTP/2 with prior knowledge (h2c), one origin: the same two transports, ``http1=False``.
+H2_DEFAULT = "httpx-default-h2"
+H2_BULKHEAD = "bulkhead-h2"
+H2_CONTESTANTS = (H2_DEFAULT, H2_BULKHEAD)
+#: The base each contestant's ``cpu_ratio`` is taken against (httpx's default, same protocol).
+BASE_OF = {BULKHEAD: DEFAULT, HTTPTOOLS: DEFAULT, FLOOR: DEFAULT, H2_BULKHEAD: H2_DEFAULT}
 
 Level = Literal["client", "transport"]
 
@@ -104,8 +122,18 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "node": node_version,
         "httpx": httpx.__version__,
+        "httpcore": importlib.metadata.version("httpcore"),
         "h11": importlib.metadata.version("h11"),
+        "httptools": _version("httptools"),
+        "h2": _version("h2"),
     }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def library_info() -> dict[str, Any]:
@@ -164,15 +192,26 @@ def raise_fd_limit(wanted: int = 16384) -> None:
 
 # -- the Node.js server -------------------------------------------------------------------
 class NodeServer:
-    """``node server.js`` on ``ports`` ports of 127.0.0.1, pinned to ``cpu`` if possible.
+    """``node server.js`` on ``ports`` ports of 127.0.0.1, pinned to ``cpu`` if possible;
+    with ``http2``, h2c (HTTP/2 with prior knowledge) announcing ``max_concurrent_streams``.
 
     Use as a context manager; the server exits when its stdin is closed (or, failing that,
-    is terminated), so it never outlives the harness.
+    is terminated), so it never outlives the harness.  ``stats()``/``reset()`` ask it, over
+    its stdin, how many connections and requests each port saw.
     """
 
-    def __init__(self, ports: int = 1, *, cpu: int | None = SERVER_CPU) -> None:
+    def __init__(
+        self,
+        ports: int = 1,
+        *,
+        cpu: int | None = SERVER_CPU,
+        http2: bool = False,
+        max_concurrent_streams: int = 100,
+    ) -> None:
         self.want_ports = ports
         self.cpu = cpu
+        self.http2 = http2
+        self.max_concurrent_streams = max_concurrent_streams
         self.ports: list[int] = []
         self.pinned = False
         self._proc: subprocess.Popen[bytes] | None = None
@@ -183,6 +222,8 @@ class NodeServer:
             raise RuntimeError("the benchmarks need Node.js (`node`) on PATH")
         raise_fd_limit()
         cmd = [node, str(HERE / "server.js"), "--ports", str(self.want_ports)]
+        if self.http2:
+            cmd += ["--http2", "--max-concurrent-streams", str(self.max_concurrent_streams)]
         taskset = shutil.which("taskset")
         if self.cpu is not None and taskset and (os.cpu_count() or 1) > self.cpu:
             cmd = [taskset, "-c", str(self.cpu), *cmd]
@@ -212,28 +253,62 @@ class NodeServer:
     def url(self, index: int = 0, path: str = "/") -> str:
         return f"http://127.0.0.1:{self.ports[index]}{path}"
 
+    def _command(self, command: str) -> dict[str, Any]:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise RuntimeError("the server is not running")
+        proc.stdin.write(command.encode() + b"\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("server.js exited")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"server.js: {answer['error']}")
+        return answer
+
+    def stats(self) -> list[dict[str, int]]:
+        """Per port, since the last ``reset``: ``connections`` accepted, ``open`` now,
+        ``requests`` started and ``max_streams``, the most requests in flight at once on one
+        connection (HTTP/2 streams; 1 on HTTP/1.1)."""
+        return list(self._command("stats")["ports"])
+
+    def reset(self) -> None:
+        """Zero the counters of ``stats`` (but ``open``)."""
+        self._command("reset")
+
 
 # -- contestants --------------------------------------------------------------------------
 def default_transport(
-    max_connections: int | None, *, max_keepalive: int | None = None
+    max_connections: int | None, *, max_keepalive: int | None = None, http2: bool = False
 ) -> httpx.AsyncHTTPTransport:
-    """httpx's default transport with one pool of ``max_connections`` (``None``: unlimited)."""
+    """httpx's default transport with one pool of ``max_connections`` (``None``: unlimited);
+    with ``http2``, HTTP/2 only (prior knowledge on http://)."""
     keepalive = max_connections if max_keepalive is None else max_keepalive
     limits = httpx.Limits(
         max_connections=max_connections,
         max_keepalive_connections=keepalive,
         keepalive_expiry=IDLE_SECONDS,
     )
+    if http2:
+        return httpx.AsyncHTTPTransport(limits=limits, http1=False, http2=True)
     return httpx.AsyncHTTPTransport(limits=limits)
 
 
 def bulkhead_transport(
-    max_concurrency: int, *, hosts: Mapping[str, Policy] | None = None
+    max_concurrency: int,
+    *,
+    hosts: Mapping[str, Policy] | None = None,
+    http1_parser: str | None = None,
+    http2: bool = False,
 ) -> BulkheadTransport:
-    """``BulkheadTransport`` with ``max_concurrency`` per compartment (one per origin)."""
-    return BulkheadTransport(
-        default=Policy(max_concurrency=max_concurrency, idle_timeout=IDLE_SECONDS), hosts=hosts
-    )
+    """``BulkheadTransport`` with ``max_concurrency`` per compartment (one per origin), the
+    given HTTP/1.1 codec (``None``: the default, h11); with ``http2``, HTTP/2 only (prior
+    knowledge on http://; the stream cap per connection stays the default, 100)."""
+    policy = Policy(max_concurrency=max_concurrency, idle_timeout=IDLE_SECONDS)
+    if http2:
+        return BulkheadTransport(default=policy, hosts=hosts, http1=False, http2=True)
+    return BulkheadTransport(default=policy, hosts=hosts, http1_parser=http1_parser)
 
 
 def pool_size(transport: httpx.AsyncBaseTransport) -> int:
@@ -243,6 +318,17 @@ def pool_size(transport: httpx.AsyncBaseTransport) -> int:
     if isinstance(transport, httpx.AsyncHTTPTransport):
         return len(transport._pool.connections)  # httpcore's public pool property
     return 0
+
+
+def client_connection_stats(transport: httpx.AsyncBaseTransport) -> dict[str, int]:
+    """What the transport says about its connections (the server's count is the reference):
+    ``pooled`` now, and for BulkheadTransport ``created`` and HTTP/2 ``scale_outs``."""
+    out = {"pooled": pool_size(transport)}
+    if isinstance(transport, BulkheadTransport):
+        stats = transport.statistics().values()
+        out["created"] = sum(s.connections_created for s in stats)
+        out["scale_outs"] = sum(s.scale_outs for s in stats)
+    return out
 
 
 class Driver(Protocol):
@@ -390,10 +476,16 @@ async def make_driver(
             raise ValueError("the h11 floor serves one origin")
         return await H11FloorDriver(urls[0], concurrency).start()
     transport: httpx.AsyncBaseTransport
-    if contestant == DEFAULT:
-        transport = default_transport(concurrency if len(urls) == 1 else None)
+    if contestant in (DEFAULT, H2_DEFAULT):
+        transport = default_transport(
+            concurrency if len(urls) == 1 else None, http2=contestant == H2_DEFAULT
+        )
     elif contestant == BULKHEAD:
         transport = bulkhead_transport(concurrency)
+    elif contestant == HTTPTOOLS:
+        transport = bulkhead_transport(concurrency, http1_parser="httptools")
+    elif contestant == H2_BULKHEAD:
+        transport = bulkhead_transport(concurrency, http2=True)
     else:
         raise ValueError(f"unknown contestant {contestant!r}")
     if level == "client":
@@ -472,7 +564,8 @@ async def interleave(
 
 @dataclass
 class Summary:
-    """Medians over rounds, and the paired (same-round) ratio against ``httpx-default``."""
+    """Medians over rounds, and the paired (same-round) ratio against httpx's default
+    (``httpx-default``, or ``httpx-default-h2`` for HTTP/2 contestants: ``BASE_OF``)."""
 
     cpu_us: float
     rps: float
@@ -487,7 +580,6 @@ class Summary:
 
 
 def summarize(samples: Mapping[str, Sequence[Sample]]) -> dict[str, Summary]:
-    base = samples.get(DEFAULT)
     out: dict[str, Summary] = {}
     for name, runs in samples.items():
         summary = Summary(
@@ -496,19 +588,41 @@ def summarize(samples: Mapping[str, Sequence[Sample]]) -> dict[str, Summary]:
             rounds=len(runs),
             requests_per_round=statistics.mean(s.requests for s in runs),
         )
-        if base is not None and name != DEFAULT:
-            ratios = [s.cpu_us / b.cpu_us for s, b in zip(runs, base, strict=True)]
-            summary.cpu_ratio = statistics.median(ratios)
-            summary.cpu_ratio_range = (min(ratios), max(ratios))
+        base = BASE_OF.get(name)
+        if base is not None and base in samples:
+            ratio = paired_ratio(samples, name, base)
+            summary.cpu_ratio, summary.cpu_ratio_range = ratio[0], (ratio[1], ratio[2])
             summary.rps_ratio = statistics.median(
-                s.rps / b.rps for s, b in zip(runs, base, strict=True)
+                s.rps / b.rps for s, b in zip(runs, samples[base], strict=True)
             )
         out[name] = summary
     return out
 
 
+def paired_ratio(
+    samples: Mapping[str, Sequence[Sample]], name: str, base: str
+) -> tuple[float, float, float]:
+    """CPU per request of ``name`` over ``base``, round by round (both ran in each round):
+    ``(median, min, max)`` over rounds."""
+    ratios = [s.cpu_us / b.cpu_us for s, b in zip(samples[name], samples[base], strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
 # -- profiling -----------------------------------------------------------------------------
-_PACKAGES = ("httpx_bulkhead", "httpcore", "httpx", "h11", "anyio", "asyncio", "benchmarks")
+_PACKAGES = (
+    "httpx_bulkhead",
+    "httpcore",
+    "httpx",
+    "h11",
+    "httptools",
+    "h2",
+    "hpack",
+    "hyperframe",
+    "anyio",
+    "sniffio",
+    "asyncio",
+    "benchmarks",
+)
 
 
 def _package_of(filename: str) -> str:
@@ -521,12 +635,29 @@ def _package_of(filename: str) -> str:
     return "other"
 
 
+def _where(filename: str, line: int, func: str) -> str:
+    """``package/module.py:line(function)``, from the package directory down."""
+    if filename.startswith("~") or filename.startswith("<"):
+        return func  # a builtin: "<method 'send' of '_socket.socket' objects>"
+    parts = Path(filename).parts
+    for name in _PACKAGES:
+        if name in parts:
+            parts = parts[parts.index(name) :]
+            break
+    else:
+        parts = parts[-2:]
+    return f"{'/'.join(parts)}:{line}({func})"
+
+
 async def profile_breakdown(
-    driver: Driver, requests: int, concurrency: int
-) -> tuple[dict[str, float], Sample]:
+    driver: Driver, requests: int, concurrency: int, *, top: int = 12
+) -> tuple[dict[str, float], Sample, list[dict[str, Any]]]:
     """Run a batch under cProfile; exclusive time by package as shares of the total (what
     part of the CPU each layer takes; cProfile inflates small calls, so read it as a map of
-    where the time goes, not as a measurement)."""
+    where the time goes, not as a measurement), and the ``top`` functions by exclusive time
+    (``where``, ``share``, ``calls_per_request``, ``cumulative_share``; cProfile counts each
+    resumption of a coroutine as a call).  The ``gc.collect()`` that ``run_batch`` makes
+    before its clock starts is left out."""
     import cProfile
     import pstats
 
@@ -538,13 +669,24 @@ async def profile_breakdown(
         profiler.disable()
     # {(file, line, function): (primitive calls, calls, exclusive time, cumulative, callers)}
     stats: dict[tuple[str, int, str], tuple[Any, ...]] = cast(Any, pstats.Stats(profiler)).stats
+    stats.pop(("~", 0, "<built-in method gc.collect>"), None)  # run_batch's, not the client's
     totals: dict[str, float] = {}
     for (filename, _line, _func), (_cc, _nc, tottime, _ct, _callers) in stats.items():
         package = _package_of(filename)
         totals[package] = totals.get(package, 0.0) + tottime
     whole = sum(totals.values()) or 1.0
     shares = {k: v / whole for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
-    return shares, sample
+    hottest = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    spots = [
+        {
+            "where": _where(*key),
+            "share": tottime / whole,
+            "cumulative_share": cumtime / whole,
+            "calls_per_request": ncalls / max(1, sample.requests),
+        }
+        for key, (_cc, ncalls, tottime, cumtime, _callers) in hottest
+    ]
+    return shares, sample, spots
 
 
 # -- warming pools ----------------------------------------------------------------------------

@@ -8,18 +8,26 @@ Suites (all against httpx's default ``AsyncHTTPTransport`` in the same run, on a
 server on 127.0.0.1; see ``harness.py`` for how things are measured):
 
 overhead   client CPU per request, HTTP/1.1 keep-alive, concurrency 1 and 64, through
-           ``httpx.AsyncClient`` and at the transport level, beside a raw h11 floor.
+           ``httpx.AsyncClient`` and at the transport level: BulkheadTransport with its
+           default h11 codec and with ``http1_parser="httptools"``, beside a raw h11 floor;
+           each contestant on a port of its own, so the server counts its connections.
+http2      the same over HTTP/2 (h2c, prior knowledge, server cap 100 streams): httpx's
+           default ``AsyncHTTPTransport(http1=False, http2=True)`` vs
+           ``BulkheadTransport(http1=False, http2=True)``, with BulkheadTransport over
+           HTTP/1.1 in the same rounds for reference, and the TCP connections each opened.
 scaling    CPU per request with 1/10/100/1,000 origins (ports), and with 10 vs 1,000
-           pooled connections to one origin, at concurrency 10 (transport level).  httpx's
-           default pool does O(connections^2) work per request, so its warm-up is bounded
-           and the pool size it reached is shown beside its numbers.
+           pooled connections to one origin, at concurrency 10 (transport level), for both
+           HTTP/1.1 codecs of BulkheadTransport.  httpx's default pool does
+           O(connections^2) work per request, so its warm-up is bounded and the pool size it
+           reached is shown beside its numbers.
 isolation  a slow host (2 s per response) saturated by 30 workers while a fast host is
            called every 50 ms: fast-host success and latency with no load, with
            bulkheads (5 per host) and with one shared pool (10), same pool timeout.
 recovery   the slow host hangs (every response held ``hang`` s) until ``incident`` s, then
            answers at once; the slow compartment with and without ``request_timeout``:
            how soon its own queued calls succeed again.
-profile    cProfile of each transport (transport level): exclusive CPU by package.
+profile    cProfile of each transport (transport level, HTTP/1.1 and HTTP/2): exclusive
+           CPU by package, and the hottest functions of BulkheadTransport's at concurrency 64.
 
 Writes ``benchmarks/results.json`` (every sample), ``benchmarks/results.md`` (the tables),
 and, if matplotlib is installed, ``benchmarks/isolation.png`` and ``benchmarks/recovery.png``.
@@ -32,6 +40,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +57,7 @@ from benchmarks import harness as h
 from httpx_bulkhead import BulkheadTransport, Policy
 
 OUT = Path(__file__).resolve().parent
-SUITES = ("overhead", "scaling", "isolation", "recovery", "profile")
+SUITES = ("overhead", "http2", "scaling", "isolation", "recovery", "profile")
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ class Plan:
 
 ORIGINS = (1, 10, 100, 1000)
 POOLED = (10, 1000)
+#: SETTINGS_MAX_CONCURRENT_STREAMS of the HTTP/2 server (and BulkheadTransport's own cap).
+H2_MAX_STREAMS = 100
 SCALING_CONCURRENCY = 10
 ISOLATION_BUDGET = 10  # total connections: one shared pool of 10, or 5 per compartment
 POOL_TIMEOUT = 0.5
@@ -102,46 +113,123 @@ def summaries_json(samples: dict[str, list[h.Sample]]) -> dict[str, Any]:
     }
 
 
+def paired_json(
+    samples: dict[str, list[h.Sample]], pairs: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """Same-round CPU ratios ``"a/b": [median, min, max]`` for the pairs both in ``samples``."""
+    return {
+        f"{a}/{b}": list(h.paired_ratio(samples, a, b))
+        for a, b in pairs
+        if a in samples and b in samples
+    }
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One contestant of an overhead case: its name and the server (and port) it uses."""
+
+    name: str
+    server: h.NodeServer
+    port: int
+
+
+async def _overhead_case(
+    entries: Sequence[Entry], level: h.Level, concurrency: int, plan: Plan
+) -> dict[str, Any]:
+    """Interleaved rounds of every entry; each entry's server counts the connections and
+    the most streams at once on one connection, from the drivers' making to their closing."""
+    batch = plan.batch_c1 if concurrency == 1 else plan.batch_c64
+    servers = list({id(e.server): e.server for e in entries}.values())
+    for server in servers:
+        server.reset()
+    drivers = [
+        await h.make_driver(e.name, level, [e.server.url(e.port)], concurrency) for e in entries
+    ]
+    client: dict[str, dict[str, int]] = {}
+    try:
+        samples = await h.interleave(
+            drivers,
+            rounds=plan.rounds,
+            requests=batch,
+            concurrency=concurrency,
+            warmup=max(200, 2 * concurrency),
+            max_seconds=plan.batch_seconds,
+        )
+        for driver in drivers:
+            if isinstance(driver, h.ClientDriver | h.TransportDriver):
+                client[driver.name] = h.client_connection_stats(driver.transport)
+    finally:
+        for driver in drivers:
+            await driver.aclose()
+    stats = {id(server): server.stats() for server in servers}
+    # "open" is left out: the server may not have seen the last closes yet
+    seen = {
+        e.name: {k: v for k, v in stats[id(e.server)][e.port].items() if k != "open"}
+        for e in entries
+    }
+    return {
+        "level": level,
+        "concurrency": concurrency,
+        **summaries_json(samples),
+        "paired": paired_json(
+            samples,
+            [
+                (h.BULKHEAD, h.FLOOR),
+                (h.HTTPTOOLS, h.FLOOR),
+                (h.HTTPTOOLS, h.BULKHEAD),
+                (h.H2_BULKHEAD, h.BULKHEAD),
+            ],
+        ),
+        "server": seen,  # per contestant: port, connections, requests, max_streams
+        "client_connections": client,
+    }
+
+
 # -- suites ---------------------------------------------------------------------------------
 async def overhead(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
+    entries = [Entry(name, server, i) for i, name in enumerate(h.CONTESTANTS)]
     rows = []
     for level in ("client", "transport"):
         for concurrency in (1, 64):
-            batch = plan.batch_c1 if concurrency == 1 else plan.batch_c64
             log(f"overhead: {level} level, concurrency {concurrency}")
-            drivers = [
-                await h.make_driver(name, level, [server.url(0)], concurrency)
-                for name in h.CONTESTANTS
-            ]
-            try:
-                samples = await h.interleave(
-                    drivers,
-                    rounds=plan.rounds,
-                    requests=batch,
-                    concurrency=concurrency,
-                    warmup=max(200, 2 * concurrency),
-                    max_seconds=plan.batch_seconds,
-                )
-            finally:
-                for driver in drivers:
-                    await driver.aclose()
-            rows.append({"level": level, "concurrency": concurrency, **summaries_json(samples)})
+            rows.append(await _overhead_case(entries, level, concurrency, plan))
     return rows
 
 
-async def profile(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
+async def http2(server: h.NodeServer, h2server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
+    """HTTP/2 (h2c, prior knowledge) contestants on ``h2server``, each on a port of its own,
+    and BulkheadTransport over HTTP/1.1 on ``server`` in the same rounds for reference."""
+    entries = [
+        *(Entry(name, h2server, i) for i, name in enumerate(h.H2_CONTESTANTS)),
+        Entry(h.BULKHEAD, server, 0),
+    ]
     rows = []
-    for contestant in (h.BULKHEAD, h.DEFAULT):
+    for level in ("client", "transport"):
+        for concurrency in (1, 64):
+            log(f"http2: {level} level, concurrency {concurrency}")
+            row = await _overhead_case(entries, level, concurrency, plan)
+            row["max_concurrent_streams"] = h2server.max_concurrent_streams
+            rows.append(row)
+    return rows
+
+
+PROFILED = (h.BULKHEAD, h.HTTPTOOLS, h.DEFAULT, h.H2_BULKHEAD, h.H2_DEFAULT)
+
+
+async def profile(server: h.NodeServer, h2server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
+    rows = []
+    for contestant in PROFILED:
+        url = (h2server if contestant in h.H2_CONTESTANTS else server).url(0)
         for concurrency in (1, 64):
             log(f"profile: {contestant}, transport level, concurrency {concurrency}")
-            driver = await h.make_driver(contestant, "transport", [server.url(0)], concurrency)
+            driver = await h.make_driver(contestant, "transport", [url], concurrency)
             try:
                 await h.run_batch(driver, 2 * concurrency, concurrency)
                 # httpx's default at concurrency 64 is ~30x slower: fewer requests suffice
                 requests = plan.batch_c1
                 if contestant == h.DEFAULT:
                     requests //= 2 if concurrency == 1 else 8
-                shares, sample = await h.profile_breakdown(driver, requests, concurrency)
+                shares, sample, top = await h.profile_breakdown(driver, requests, concurrency)
             finally:
                 await driver.aclose()
             rows.append(
@@ -150,6 +238,7 @@ async def profile(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
                     "concurrency": concurrency,
                     "shares": shares,
                     "cpu_us_profiled": sample.cpu_us,
+                    "top": top,
                 }
             )
     return rows
@@ -162,23 +251,25 @@ async def _scaling_case(
     *,
     fill: int | None = None,
 ) -> dict[str, Any]:
-    """Both transports warm (bulkhead first, see below), then interleaved rounds.
+    """Every transport warm (BulkheadTransport's first), then interleaved rounds.
 
     The default transport's pool work per request grows with the square of its connections
     (filling it with n, with the cube), so its warm-up over many origins is cut at
     ``plan.scaling_warm_seconds``, its pool is filled with at most ``plan.default_fill_cap``
     connections, and the pool size it reached is recorded beside the numbers.
-    BulkheadTransport is warmed first so its sockets get descriptors below 1024: its
-    stale-connection check uses ``select()``, which fails above that (a bug, reported).
+    BulkheadTransport was once warmed first so its sockets got descriptors below 1024 (its
+    stale-connection check used ``select()``); it uses ``poll()`` now, and with both of its
+    codecs at 1,000 origins the second one's descriptors are above 1024 anyway.
     """
     concurrency = SCALING_CONCURRENCY
     drivers: list[h.TransportDriver] = []
-    for contestant in (h.BULKHEAD, h.DEFAULT):
+    for contestant in (h.BULKHEAD, h.HTTPTOOLS, h.DEFAULT):
         transport: httpx.AsyncBaseTransport
         if contestant == h.DEFAULT:  # one origin: a pool of ``fill``; else unlimited
             transport = h.default_transport(fill)
         else:  # a compartment per origin, ``fill`` or ``concurrency`` connections each
-            transport = h.bulkhead_transport(fill or concurrency)
+            parser = "httptools" if contestant == h.HTTPTOOLS else None
+            transport = h.bulkhead_transport(fill or concurrency, http1_parser=parser)
         drivers.append(h.TransportDriver(contestant, transport, urls))
     row: dict[str, Any] = {
         "case": name,
@@ -190,7 +281,7 @@ async def _scaling_case(
         row["warmup_seconds"] = warm = {}
         for driver in drivers:
             if fill is not None:
-                size = fill if driver.name == h.BULKHEAD else min(fill, plan.default_fill_cap)
+                size = fill if driver.name != h.DEFAULT else min(fill, plan.default_fill_cap)
                 warm[driver.name] = await h.fill_pool(driver, urls[0], size)
             else:
                 warm[driver.name] = await h.warm_origins(
@@ -207,6 +298,7 @@ async def _scaling_case(
         )
         row["pooled_after"] = {d.name: h.pool_size(d.transport) for d in drivers}
         row.update(summaries_json(samples))
+        row["paired"] = paired_json(samples, [(h.HTTPTOOLS, h.BULKHEAD)])
     except Exception as exc:  # record it: one failing case must not lose the others
         row["error"] = f"{type(exc).__name__}: {exc}"
         log(f"  {name}: {row['error']}")
@@ -364,21 +456,80 @@ def _ratio(value: float | None, spread: Sequence[float] | None = None) -> str:
     return text
 
 
+def _cpu(summary: dict[str, Any] | None) -> str:
+    return "-" if summary is None else _f(summary["cpu_us"])
+
+
+def _rps(summary: dict[str, Any] | None) -> str:
+    return "-" if summary is None else _f(summary["rps"])
+
+
+def _vs_default(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "-"
+    return _ratio(summary["cpu_ratio"], summary["cpu_ratio_range"])
+
+
+def _paired(row: dict[str, Any], a: str, b: str, *, spread: bool = False) -> str:
+    ratio = row.get("paired", {}).get(f"{a}/{b}")
+    if ratio is None:
+        return "-"
+    return _ratio(ratio[0], ratio[1:] if spread else None)
+
+
+def _conns(row: dict[str, Any], names: Sequence[str], key: str = "connections") -> str:
+    seen = row.get("server", {})
+    return " / ".join(str(seen[n][key]) if n in seen else "-" for n in names)
+
+
 def overhead_table(rows: list[dict[str, Any]]) -> str:
+    """CPU per request and ratios, then requests/s and the TCP connections each opened."""
     lines = [
-        "| level | conc. | httpx default µs/req | bulkhead µs/req | bulkhead / default "
-        "(range) | h11 floor µs/req | bulkhead / floor | default req/s | bulkhead req/s |"
-        " floor req/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| level | conc. | httpx default µs/req | bulkhead µs/req | bulkhead / default"
+        " (range) | bulkhead+httptools µs/req | +httptools / default (range) | +httptools /"
+        " bulkhead (range) | h11 floor µs/req | bulkhead / floor | +httptools / floor |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         s = row["summary"]
-        d, b, f = s[h.DEFAULT], s[h.BULKHEAD], s[h.FLOOR]
+        d, b, t, f = (s.get(n) for n in (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS, h.FLOOR))
+        codec = _paired(row, h.HTTPTOOLS, h.BULKHEAD, spread=True)
         lines.append(
-            f"| {row['level']} | {row['concurrency']} | {_f(d['cpu_us'])} | {_f(b['cpu_us'])}"
-            f" | {_ratio(b['cpu_ratio'], b['cpu_ratio_range'])} | {_f(f['cpu_us'])}"
-            f" | {_ratio(b['cpu_us'] / f['cpu_us'])} | {_f(d['rps'])} | {_f(b['rps'])}"
-            f" | {_f(f['rps'])} |"
+            f"| {row['level']} | {row['concurrency']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)}"
+            f" | {_cpu(t)} | {_vs_default(t)} | {codec}"
+            f" | {_cpu(f)} | {_paired(row, h.BULKHEAD, h.FLOOR)}"
+            f" | {_paired(row, h.HTTPTOOLS, h.FLOOR)} |"
+        )
+    names = (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS, h.FLOOR)
+    lines += [
+        "",
+        "| level | conc. | default req/s | bulkhead req/s | +httptools req/s | floor req/s |"
+        " TCP connections opened, default / bulkhead / +httptools / floor |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        s = row["summary"]
+        cells = " | ".join(_rps(s.get(n)) for n in names)
+        lines.append(f"| {row['level']} | {row['concurrency']} | {cells} | {_conns(row, names)} |")
+    return "\n".join(lines)
+
+
+def http2_table(rows: list[dict[str, Any]]) -> str:
+    names = (h.H2_DEFAULT, h.H2_BULKHEAD)
+    lines = [
+        "| level | conc. | httpx default h2 µs/req | bulkhead h2 µs/req | bulkhead / default"
+        " (range) | bulkhead HTTP/1.1 µs/req (same rounds) | bulkhead h2 / HTTP/1.1 |"
+        " default req/s | bulkhead req/s | TCP connections opened, default / bulkhead |"
+        " most streams at once on one connection, default / bulkhead |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        s = row["summary"]
+        d, b, one = (s.get(n) for n in (h.H2_DEFAULT, h.H2_BULKHEAD, h.BULKHEAD))
+        lines.append(
+            f"| {row['level']} | {row['concurrency']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)}"
+            f" | {_cpu(one)} | {_paired(row, h.H2_BULKHEAD, h.BULKHEAD)} | {_rps(d)} | {_rps(b)}"
+            f" | {_conns(row, names)} | {_conns(row, names, 'max_streams')} |"
         )
     return "\n".join(lines)
 
@@ -386,20 +537,21 @@ def overhead_table(rows: list[dict[str, Any]]) -> str:
 def scaling_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| case (concurrency 10) | httpx default µs/req | bulkhead µs/req | bulkhead / default"
-        " (range) | default req/s | bulkhead req/s | pooled conns, default / bulkhead |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        " (range) | bulkhead+httptools µs/req | +httptools / default (range) | default req/s"
+        " | bulkhead req/s | +httptools req/s | pooled conns, default / bulkhead / +httptools |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['case']} | error: {row['error']} | | | | | |")
+            lines.append(f"| {row['case']} | error: {row['error']} | | | | | | | | |")
             continue
         s = row["summary"]
-        d, b = s[h.DEFAULT], s[h.BULKHEAD]
+        d, b, t = (s.get(n) for n in (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS))
         pooled = row["pooled_after"]
+        conns = " / ".join(str(pooled.get(n, "-")) for n in (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS))
         lines.append(
-            f"| {row['case']} | {_f(d['cpu_us'])} | {_f(b['cpu_us'])}"
-            f" | {_ratio(b['cpu_ratio'], b['cpu_ratio_range'])} | {_f(d['rps'])}"
-            f" | {_f(b['rps'])} | {pooled.get(h.DEFAULT)} / {pooled.get(h.BULKHEAD)} |"
+            f"| {row['case']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)} | {_cpu(t)}"
+            f" | {_vs_default(t)} | {_rps(d)} | {_rps(b)} | {_rps(t)} | {conns} |"
         )
     return "\n".join(lines)
 
@@ -459,24 +611,69 @@ def profile_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def hotspots_table(row: dict[str, Any], top: int = 10) -> str:
+    lines = [
+        f"{row['contestant']}, concurrency {row['concurrency']}:",
+        "",
+        "| function (exclusive time) | share | incl. callees | calls/request |",
+        "|---|---:|---:|---:|",
+    ]
+    for spot in row.get("top", [])[:top]:
+        where = spot["where"].replace("|", "\\|")
+        lines.append(
+            f"| `{where}` | {100 * spot['share']:.1f}% | {100 * spot['cumulative_share']:.0f}%"
+            f" | {spot['calls_per_request']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _load(results: dict[str, Any]) -> str:
+    start, end = results.get("loadavg_start"), results.get("loadavg_end")
+    if not start or not end:
+        return ""
+    return f" Load average (1 min) at start / end: {start[0]:.2f} / {end[0]:.2f}."
+
+
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lib = results["library"]
+    versions = ", ".join(
+        f"{name} {m[name]}"
+        for name in ("httpx", "httpcore", "h11", "httptools", "h2")
+        if m.get(name)
+    )
     parts = [
         "# httpx-bulkhead benchmarks",
         "",
         f"Machine: {m['nproc']} cores, {m['cpu_model']}; Python {m['python']}; Node"
-        f" {m['node']}; httpx {m['httpx']}, h11 {m['h11']}. Client pinned to one core,"
+        f" {m['node']}; {versions}. Client pinned to one core,"
         f" server to another: {results['pinned']}. Library: git {lib.get('git_head')}"
         f"{' (modified)' if lib.get('library_dirty') else ''}, source {lib['source_sha256']}."
-        f" Plan: {results['plan_name']}.",
+        f" Plan: {results['plan_name']}.{_load(results)}",
         "",
         "CPU µs/req is client CPU time (`time.process_time()`) per request, the median over"
-        " rounds; ratios are medians of same-round ratios (range over rounds).",
+        " rounds; ratios are medians of same-round CPU ratios (range over rounds). `bulkhead`"
+        " is BulkheadTransport with its default HTTP/1.1 codec (h11), `+httptools` the same"
+        ' with `http1_parser="httptools"`. TCP connections are counted by the server, from'
+        " the transports' making to their closing (warm-up included).",
     ]
     if "overhead" in results:
         parts += ["", "## Overhead (HTTP/1.1 keep-alive, one origin)", ""]
         parts.append(overhead_table(results["overhead"]))
+    if "http2" in results:
+        rows = results["http2"]
+        cap = rows[0].get("max_concurrent_streams", "?") if rows else "?"
+        parts += [
+            "",
+            "## Overhead, HTTP/2 (h2c with prior knowledge, one origin, server allows"
+            f" {cap} concurrent streams)",
+            "",
+            "`AsyncHTTPTransport(http1=False, http2=True)` vs"
+            " `BulkheadTransport(http1=False, http2=True)` (max_concurrency = concurrency);"
+            " BulkheadTransport over HTTP/1.1 (h11) ran in the same rounds for reference.",
+            "",
+            http2_table(rows),
+        ]
     if "scaling" in results:
         parts += ["", "## Scaling (transport level)", "", scaling_table(results["scaling"])]
     if "isolation" in results:
@@ -499,12 +696,31 @@ def markdown(results: dict[str, Any]) -> str:
             recovery_table(d),
         ]
     if "profile" in results:
-        parts += [
-            "",
-            "## Where the CPU goes (transport level, cProfile: shares, not timings)",
-            "",
-            profile_table(results["profile"]),
+        rows = results["profile"]
+        h1 = [r for r in rows if r["contestant"] not in h.H2_CONTESTANTS]
+        h2 = [r for r in rows if r["contestant"] in h.H2_CONTESTANTS]
+        parts += ["", "## Where the CPU goes (transport level, cProfile: shares, not timings)"]
+        for title, group in (("HTTP/1.1", h1), ("HTTP/2", h2)):
+            if group:
+                parts += ["", f"{title}:", "", profile_table(group)]
+        spots = [
+            r
+            for r in rows
+            if r.get("top")
+            and r["concurrency"] == 64
+            and r["contestant"] != h.DEFAULT
+            and r["contestant"] != h.H2_DEFAULT
         ]
+        if spots:
+            parts += [
+                "",
+                "### Hottest functions of BulkheadTransport (exclusive time, cProfile)",
+                "",
+                "Shares of the profiled CPU time; calls/request counts each resumption of a"
+                " coroutine as a call.",
+            ]
+            for row in spots:
+                parts += ["", hotspots_table(row)]
     return "\n".join(parts) + "\n"
 
 
@@ -581,12 +797,16 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
 
 # -- main ---------------------------------------------------------------------------------------
-async def run(suites: Sequence[str], plan: Plan, server: h.NodeServer) -> dict[str, Any]:
+async def run(
+    suites: Sequence[str], plan: Plan, server: h.NodeServer, h2server: h.NodeServer
+) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for suite in suites:
         started = time.perf_counter()
         if suite == "overhead":
             results[suite] = await overhead(server, plan)
+        elif suite == "http2":
+            results[suite] = await http2(server, h2server, plan)
         elif suite == "scaling":
             results[suite] = await scaling(server, plan)
         elif suite == "isolation":
@@ -594,7 +814,7 @@ async def run(suites: Sequence[str], plan: Plan, server: h.NodeServer) -> dict[s
         elif suite == "recovery":
             results[suite] = await recovery(server, plan)
         elif suite == "profile":
-            results[suite] = await profile(server, plan)
+            results[suite] = await profile(server, h2server, plan)
         log(f"  {suite}: {time.perf_counter() - started:.0f} s")
     return results
 
@@ -629,17 +849,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown suites: {', '.join(sorted(unknown))}")
     plan = Plan.quick() if args.quick else Plan.full()
     started = time.perf_counter()
-    with h.NodeServer(max(ORIGINS)) as server, h.pin() as pinned:
+    h2ports = len(h.H2_CONTESTANTS)
+    with (
+        h.NodeServer(max(ORIGINS)) as server,
+        h.NodeServer(h2ports, http2=True, max_concurrent_streams=H2_MAX_STREAMS) as h2server,
+        h.pin() as pinned,
+    ):
         results: dict[str, Any] = {
             "machine": h.machine_info(),
             "library": h.library_info(),
             "python": h.python_flags(),
-            "pinned": pinned and server.pinned,
+            "pinned": pinned and server.pinned and h2server.pinned,
             "plan_name": "quick" if args.quick else "full",
+            "loadavg_start": list(os.getloadavg()),
             "plan": dataclasses.asdict(plan),
         }
-        results.update(asyncio.run(run(suites, plan, server)))
+        results.update(asyncio.run(run(suites, plan, server, h2server)))
     results["seconds"] = time.perf_counter() - started
+    results["loadavg_end"] = list(os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)

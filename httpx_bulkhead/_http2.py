@@ -506,9 +506,10 @@ class H2Stream(_Sleeper):
         conn = self.conn
         ready = self._ready
         try:
-            await run_waiting(
-                conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
-            )
+            if not ready():  # often the reader already queued it: no timeout scope needed
+                await run_waiting(
+                    conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
+                )
         except httpx.TransportError as exc:
             if self.events or self.refused or self.reset_code is not None:
                 pass  # our outcome arrived with the failure: report that instead
