@@ -10,13 +10,23 @@ exactly once, through ``release()``, whatever happens (the response stream and
 ``BulkheadTransport.handle_async_request`` do that in ``finally``/``except`` blocks).
 Connection accounting: every exchange started on a connection ends exactly once, through
 ``end_exchange()``, which pools, keeps (HTTP/2 stream reset) or closes the connection.
+
+Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
+already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
+re-arms for the next deadline.  So at most one timer per compartment is pending, and it
+fires about once per idle deadline, not per request.
+
+A compartment made for an unlisted origin may be *retired* by the router when there are
+too many of them and it is at rest (no slot held, nobody waiting, no connection in use):
+its idle connections are closed and its counters folded into the transport's totals.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import httpx
@@ -39,6 +49,7 @@ from ._network import Network, TraceFn
 from ._pool import Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
 from ._stats import CompartmentStats, WaitWindow
 from ._streams import NetStream
+from ._timers import TimerHandle, Timers
 
 __all__ = ["Compartment", "Outcome", "Protocols"]
 
@@ -89,6 +100,7 @@ class Compartment(ConnectionListener):
         connector: Network,
         protocols: Protocols,
         *,
+        timers: Timers,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -97,6 +109,11 @@ class Compartment(ConnectionListener):
         self._connector = connector
         self._protocols = protocols
         self._clock = clock
+        self.timers = timers
+        self._sweep_at = math.inf  # when the armed sweep fires (our clock); inf: none
+        self._sweep: TimerHandle | None = None
+        #: Set by the router when it evicted this compartment (see the module docstring).
+        self.retired = False
         self.limiter = Limiter(policy.max_concurrency, policy.max_pending)
         self.pool = Pool(
             max_connections=policy.connection_limit,
@@ -292,23 +309,44 @@ class Compartment(ConnectionListener):
         await self._close_all(to_close)
         await self._close_pending()
 
-    def end_leaked(self, conn: Connection, exchange: Exchange) -> None:
-        """A response was garbage-collected unclosed: give its slot and connection back
-        without awaiting (connections to close are aborted now, awaited later)."""
+    def end_abandoned(
+        self, conn: Connection, exchange: Exchange, exc: BaseException, outcome: str
+    ) -> Awaitable[None] | None:
+        """End an exchange nobody is awaiting (a response garbage-collected unclosed, or
+        held unread past its deadline), on the loop, without awaiting: its slot is given
+        back now; the returned awaitable finishes closing connections (or sends the HTTP/2
+        reset)."""
         entry: PoolEntry = conn  # type: ignore[assignment]
-        reason = exchange.cut(ClosedEarly())
+        reason = exchange.cut(exc)
         if reason is None:
             to_close = self.pool.release(entry, self._clock(), reusable=True)
         else:
             to_close = self.pool.discard(entry, reason)
-        for closing in to_close:
-            closing_conn: Connection = closing  # type: ignore[assignment]
-            closing_conn.abort()
-        self._closing.extend(to_close)
-        self.leaked += 1
-        self.release(Outcome.CANCELLED)
+        if isinstance(exc, ClosedEarly):
+            self.leaked += 1
+        self.release(outcome)
+        closing = self._forget(to_close)
+        if reason is None:  # an HTTP/2 stream was reset: send the frame
+            return self._send_reset(entry, exchange, exc, closing)
+        return closing
+
+    async def _send_reset(
+        self,
+        entry: PoolEntry,
+        exchange: Exchange,
+        exc: BaseException,
+        closing: Awaitable[None] | None,
+    ) -> None:
+        if closing is not None:
+            await closing
+        with anyio.CancelScope(shield=True):
+            reason = await exchange.abandon(exc)  # sends what ``cut`` queued
+        if reason is not None:  # it could not be sent: the connection broke
+            await self._close_all(self.pool.discard(entry, reason))
 
     async def _close_all(self, entries: list[PoolEntry]) -> None:
+        if self.pool.next_due < self._sweep_at:
+            self._arm_sweep()
         if not entries:
             return
         with anyio.CancelScope(shield=True):
@@ -321,6 +359,58 @@ class Compartment(ConnectionListener):
         if self._closing:
             closing, self._closing = self._closing, []
             await self._close_all(closing)
+
+    def _forget(self, entries: list[PoolEntry]) -> Awaitable[None] | None:
+        """Start closing ``entries`` without awaiting (from a timer or ``__del__``'s
+        hand-off); returns the awaitable that finishes closing them."""
+        if not entries:
+            return None
+        for entry in entries:
+            conn: Connection = entry  # type: ignore[assignment]
+            conn.abort()
+        return self._close_all(entries)
+
+    # -- idle expiry with no traffic --------------------------------------------------------
+    def _arm_sweep(self) -> None:
+        due = self.pool.next_due
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = due
+        self._sweep = None
+        if due < math.inf and not self.limiter.closed:
+            self._sweep = self.timers.call_later(due - self._clock(), self._run_sweep)
+
+    def _run_sweep(self) -> Awaitable[None] | None:
+        self._sweep, self._sweep_at = None, math.inf
+        if self.limiter.closed:
+            return None
+        to_close = self.pool.sweep(self._clock())
+        if self.pool.next_due < math.inf:
+            self._arm_sweep()
+        return self._forget(to_close)
+
+    # -- eviction (by the router) -----------------------------------------------------------
+    @property
+    def uses(self) -> int:
+        """Grows whenever a request arrives (the router's second-chance mark)."""
+        limiter = self.limiter
+        return limiter.acquired + limiter.rejected + limiter.cancelled_waiting
+
+    def at_rest(self) -> bool:
+        """Nothing in flight or waiting, no connection in use or being opened."""
+        limiter, pool = self.limiter, self.pool
+        return not (limiter.running or limiter.waiting or pool.waiting) and pool.total == pool.idle
+
+    def retire(self) -> Awaitable[None] | None:
+        """Evicted at rest: refuse new work, close the idle connections (the returned
+        awaitable finishes closing them).  The router no longer routes to it."""
+        self.retired = True
+        self.limiter.close()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        closing, _ = self.pool.close()
+        return self._forget(closing)
 
     # -- HTTP/2 connection events (ConnectionListener) -----------------------------------
     def on_cap(self, conn: HTTP2Connection, cap: int) -> None:
@@ -392,6 +482,9 @@ class Compartment(ConnectionListener):
     async def aclose(self) -> None:
         """Wake every waiter with ``TransportClosed`` and close every connection."""
         self.limiter.close()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         closing, waiters = self.pool.close()
         for waiter in waiters:
             waiter.wake()

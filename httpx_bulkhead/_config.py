@@ -6,13 +6,23 @@ Both are immutable and validated on construction: a bad value raises ``TypeError
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import httpx
+import idna
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_PENDING", "Policy", "RouteKey", "parse_route_key"]
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_PENDING",
+    "Policy",
+    "RouteKey",
+    "canonical_host",
+    "parse_route_key",
+]
 
 #: Idle connections are closed after this many seconds: below Node's 5 s ``keepAliveTimeout``
 #: so we, not the server, close first.
@@ -146,6 +156,9 @@ class Policy:
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+#: A host name (or IPv4 address) after IDNA encoding: letters, digits, hyphens, dots, and
+#: the underscores some internal names carry.
+_HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
 
 
 class RouteKey(NamedTuple):
@@ -201,11 +214,44 @@ def _split_authority(authority: str, text: str) -> tuple[str, int | None]:
         host, port_text = authority.split(":")
     else:
         host, port_text = authority, None
-    host = host.lower().rstrip(".")
-    if not host or any(c in host for c in " @?#"):
+    try:
+        host = canonical_host(host)
+    except ValueError as exc:
+        raise ValueError(f"hosts key {text!r}: invalid host ({exc})") from None
+    if ":" in host:
+        if not authority.startswith("["):
+            raise ValueError(f"hosts key {text!r}: an IPv6 address must be in brackets")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"hosts key {text!r}: invalid IPv6 address") from None
+    elif not _HOSTNAME.fullmatch(host):
         raise ValueError(f"hosts key {text!r}: invalid host")
     if port_text is None:
         return host, None
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"hosts key {text!r}: invalid port {port_text!r}")
     return host, int(port_text)
+
+
+def canonical_host(host: str) -> str:
+    """The one spelling of a host that routing compares: lower case, an internationalized
+    name as punycode (IDNA 2008, as httpx encodes it), no trailing dot (``example.com.`` is
+    the same host, RFC 1034 §3.1), an IPv6 literal in its compressed form (RFC 5952).
+
+    Raises:
+        ValueError: a name IDNA cannot encode.
+    """
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host).compressed
+        except ValueError:
+            return host.lower()
+    if not host.isascii():
+        try:
+            host = idna.encode(host.lower().rstrip(".")).decode("ascii")
+        except idna.IDNAError as exc:
+            raise ValueError(f"cannot encode {host!r} with IDNA: {exc}") from None
+    host = host.lower()
+    stripped = host.rstrip(".")
+    return stripped or host

@@ -22,6 +22,11 @@ Invariants:
 * A connection is never expired mid-request: idle and lifetime limits are checked when it
   is picked or released.  A multiplexed connection past its lifetime drains: no new
   streams, closed when its last stream ends.
+* Idle connections also expire with no traffic at all: ``next_due`` is never later than the
+  earliest idle deadline or lifetime end of an idle connection (it may be earlier, when that
+  connection has been taken since), and ``sweep`` closes every expired idle connection and
+  makes ``next_due`` exact again.  The shell runs ``sweep`` at ``next_due``: a scan of the
+  idle connections at most once per deadline, never per request.
 * Waiting is FIFO and nobody barges.  A request that cannot be served waits in one of two
   queues: for *streams* of its origin, when a multiplexed connection being dialed (or
   already open) is expected to carry it (this coalesces dials: a burst of requests to an
@@ -223,6 +228,8 @@ class Pool:
         self._multiplexed: dict[Origin, bool] = {}  # learned from the first connection
         self._unsettled: dict[Origin, int] = {}  # multiplexed connections before SETTINGS
         self._open: dict[Origin, int] = {}  # connections open per origin
+        #: No idle connection expires before this instant (see the module docstring).
+        self.next_due = math.inf
         self.created = 0
         self.discards = dict.fromkeys(Discard, 0)
         #: Dials made because every multiplexed connection of the origin was at its cap.
@@ -405,6 +412,26 @@ class Pool:
         self._rebalance(entry.origin, to_close)
         return to_close
 
+    def sweep(self, now: float) -> list[PoolEntry]:
+        """Take every idle connection past its idle deadline or lifetime out of the pool
+        (returned, to be closed) and make ``next_due`` exact.  O(idle connections)."""
+        self._now = now
+        to_close: list[PoolEntry] = []
+        due = math.inf
+        for entry in list(self._lru):
+            reason = self._expired(entry, now)
+            if reason is None:
+                due = min(due, entry.idle_deadline, entry.expires_at)
+            else:
+                self._unindex(entry)
+                self._drop(entry, reason)
+                to_close.append(entry)
+        self.next_due = due
+        if to_close:
+            for origin in {entry.origin for entry in to_close}:
+                self._rebalance(origin, to_close)  # freed places go to waiters
+        return to_close
+
     def close(self) -> tuple[list[PoolEntry], list[PoolWaiter]]:
         """Forget every idle connection and waiter: returns the connections to close and
         the waiters to wake (with no grant).  No dial is allowed afterwards."""
@@ -451,6 +478,11 @@ class Pool:
         if entry.active == 0:
             if entry not in self._lru:
                 self._lru[entry] = None
+            due = (
+                entry.idle_deadline if entry.idle_deadline < entry.expires_at else entry.expires_at
+            )
+            if due < self.next_due:
+                self.next_due = due
         else:
             self._lru.pop(entry, None)
 

@@ -1,20 +1,30 @@
 """The response body stream: reads the body from the exchange, then gives everything back.
 
 The slot (and the connection, or HTTP/2 stream) is held until the body has been read to the
-end, reading it failed, or the response was closed, whichever comes first; then, exactly
-once, the exchange is ended (the connection pooled, kept after a stream reset, or closed)
-and the slot is released.
+end, reading it failed, the response was closed, or ``Policy.request_timeout`` passed,
+whichever comes first; then, exactly once, the exchange is ended (the connection pooled,
+kept after a stream reset, or closed) and the slot is released.
+
+The deadline holds whatever the caller does: each read is bounded by it (data already
+buffered is not handed out after it), and a timer ends the exchange of a response held
+unread past it; the caller's next read then raises ``RequestTimeout``.  A response the
+garbage collector frees unclosed is ended on the loop that owns the transport (the
+collector may run in any thread): ``__del__`` only hands the work over.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Awaitable
 
 import httpx
 
 from ._compartment import Compartment, Outcome
+from ._exceptions import RequestTimeout
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
+from ._timers import TimerHandle
 
 __all__ = ["ResponseStream"]
 
@@ -36,22 +46,38 @@ class ResponseStream(httpx.AsyncByteStream):
         self._request = request
         self._timeouts = timeouts
         self._finished = False
+        self._reading = False
+        self._error: BaseException | None = None  # raised by reads after a timer ended it
+        self._timer: TimerHandle | None = None
+        deadline = timeouts.deadline
+        if deadline is not None:
+            self._timer = compartment.timers.call_later(
+                deadline - time.monotonic(), _expire_later(self)
+            )
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         # An iterator object rather than an async generator: nothing to finalize if the
         # caller stops early (the slot is returned by ``aclose``).
-        if self._finished:
+        if self._finished and self._error is None:
             raise httpx.StreamClosed()
         return self
 
     async def __anext__(self) -> bytes:
         if self._finished:
+            if self._error is not None:
+                raise self._error
             raise StopAsyncIteration
+        deadline = self._timeouts.deadline
+        self._reading = True
         try:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RequestTimeout("request_timeout passed", request=self._request)
             chunk = await self._exchange.receive_body(self._request, self._timeouts)
         except BaseException as exc:
             await self._finish(exc)
             raise
+        finally:
+            self._reading = False
         if chunk is None:
             await self._finish(None)
             raise StopAsyncIteration
@@ -67,18 +93,38 @@ class ResponseStream(httpx.AsyncByteStream):
         """The response could not be handed over: end the exchange as cut by ``exc``."""
         await self._finish(exc)
 
+    def _expire(self) -> Awaitable[None] | None:
+        """The deadline passed (a timer, on the loop).  A read in progress is bounded by the
+        deadline itself and reports it; otherwise the exchange ends here."""
+        self._timer = None
+        if self._finished or self._reading:
+            return None
+        self._finished = True
+        self._error = RequestTimeout(
+            "request_timeout passed while the response was held unread", request=self._request
+        )
+        return self._compartment.end_abandoned(
+            self._conn, self._exchange, self._error, Outcome.FAILED
+        )
+
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
-        # a pool): say so, and give the slot and connection back.
+        # a pool): say so, and have the loop that owns it give the slot and connection back.
         if self._finished:
             return
         self._finished = True
+        compartment, conn, exchange = self._compartment, self._conn, self._exchange
+
+        def end() -> Awaitable[None] | None:
+            return compartment.end_abandoned(conn, exchange, ClosedEarly(), Outcome.CANCELLED)
+
         try:
-            self._compartment.end_leaked(self._conn, self._exchange)
+            if not compartment.timers.call_soon_threadsafe(end):
+                _close_unawaited(end())  # no loop left: nothing can be waiting on it
         except Exception:
             return
         warnings.warn(
-            f"a response from compartment {self._compartment.name!r} was never closed; its "
+            f"a response from compartment {compartment.name!r} was never closed; its "
             "slot has been returned. Use `async with client.stream(...)` or `await "
             "response.aclose()`.",
             ResourceWarning,
@@ -90,6 +136,9 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished:
             return
         self._finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         try:
             await self._compartment.end_exchange(self._conn, self._exchange, exc)
         finally:
@@ -100,3 +149,27 @@ class ResponseStream(httpx.AsyncByteStream):
             else:
                 outcome = Outcome.CANCELLED
             self._compartment.release(outcome)
+
+
+def _expire_later(stream: ResponseStream) -> _Expiry:
+    return _Expiry(weakref.ref(stream))
+
+
+class _Expiry:
+    """The deadline timer's callback; holds the stream weakly so that leak detection still
+    sees a response dropped unclosed."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: weakref.ref[ResponseStream]) -> None:
+        self._ref = ref
+
+    def __call__(self) -> Awaitable[None] | None:
+        stream = self._ref()
+        return None if stream is None else stream._expire()
+
+
+def _close_unawaited(awaitable: Awaitable[None] | None) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()  # a coroutine that cannot run any more: no "never awaited" warning

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["CompartmentStats", "ExchangeInfo", "WaitWindow", "quantile"]
+__all__ = ["EVICTED", "CompartmentStats", "ExchangeInfo", "WaitWindow", "fold_evicted", "quantile"]
+
+#: Name of the ``statistics()`` entry that keeps the counters of evicted compartments.
+EVICTED = "(evicted)"
 
 #: Acquire waits remembered for the quantiles (the most recent ones).
 WAIT_WINDOW = 1024
@@ -129,3 +133,39 @@ class ExchangeInfo:
     retried: bool
     #: A number identifying the connection within this process (for logs).
     connection_id: int
+
+
+#: Fields of ``CompartmentStats`` that describe the moment (not summed on eviction).
+_GAUGES = frozenset(
+    {
+        "name",
+        "running",
+        "waiting",
+        "limit",
+        "max_pending",
+        "connections",
+        "idle_connections",
+        "in_use_connections",
+        "waiting_for_connection",
+        "http2_connections",
+        "open_streams",
+        "stream_caps",
+        "wait_p50",
+        "wait_p95",
+        "wait_p99",
+        "wait_max",
+    }
+)
+_COUNTERS = tuple(f.name for f in dataclasses.fields(CompartmentStats) if f.name not in _GAUGES)
+
+
+def fold_evicted(total: CompartmentStats | None, evicted: CompartmentStats) -> CompartmentStats:
+    """The ``EVICTED`` entry after ``evicted`` (a snapshot taken at eviction) joined it:
+    counters summed, so totals over ``statistics()`` never go back; gauges zero (an evicted
+    compartment holds nothing); wait quantiles cannot be merged and are dropped."""
+    counts = {
+        name: getattr(evicted, name) + (0 if total is None else getattr(total, name))
+        for name in _COUNTERS
+    }
+    gauges = dict.fromkeys(_GAUGES - {"name", "max_pending", "stream_caps"}, 0)
+    return CompartmentStats(name=EVICTED, max_pending=None, stream_caps=(), **gauges, **counts)

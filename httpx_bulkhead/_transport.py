@@ -17,7 +17,8 @@ from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._response import ResponseStream
 from ._routing import Router
-from ._stats import CompartmentStats, ExchangeInfo
+from ._stats import EVICTED, CompartmentStats, ExchangeInfo, fold_evicted
+from ._timers import Timers
 
 __all__ = ["BulkheadTransport"]
 
@@ -25,6 +26,10 @@ _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
 #: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
 DEFAULT_HTTP1_PARSER = "h11"
+#: Compartments kept for unlisted origins before those at rest are evicted.
+DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
+#: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
+STATISTICS_THREAD_WAIT = 1.0
 
 
 class BulkheadTransport(httpx.AsyncBaseTransport):
@@ -56,6 +61,12 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         network: where connections come from; ``None`` (default) means real sockets.
             Tests pass ``httpx_bulkhead.testing.MockNetwork(handler)`` to run every
             compartment rule against an in-memory server.
+        max_default_compartments: compartments kept for origins not listed in ``hosts``
+            (one per origin).  Beyond it, the least recently used ones *at rest* (no
+            request in flight or waiting, no connection in use) are evicted: their idle
+            connections closed, their counters added to the ``"(evicted)"`` entry of
+            ``statistics()``.  A busy compartment is never evicted.  Default 1024;
+            ``None`` means never evict.
 
     Raises:
         TypeError, ValueError: invalid configuration (the message names the field).
@@ -78,6 +89,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         socket_options: Iterable[SocketOption] | None = None,
         network: Network | None = None,
         http1_parser: str | None = None,
+        max_default_compartments: int | None = DEFAULT_MAX_DEFAULT_COMPARTMENTS,
         _clock: Callable[[], float] = time.monotonic,
         _rng: random.Random | None = None,
     ) -> None:
@@ -91,6 +103,11 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             raise ValueError("http1 and http2 are both False: no HTTP version left to speak")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        bound = max_default_compartments
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+            raise TypeError(f"max_default_compartments must be an int or None, got {bound!r}")
+        if bound is not None and bound < 1:
+            raise ValueError(f"max_default_compartments must be >= 1, got {bound!r}")
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
         parser = DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser
@@ -112,13 +129,28 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             retries=retries,
         )
         self._clock = _clock
-        self._rng = _rng
-        self._router: Router[Compartment] = Router(hosts or {}, default, self._compartment)
+        self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
+        self._timers = Timers()
+        self._evicted: CompartmentStats | None = None
+        self._router: Router[Compartment] = Router(
+            hosts or {},
+            default,
+            self._compartment,
+            max_default=bound,
+            at_rest=Compartment.at_rest,
+            uses=lambda compartment: compartment.uses,
+        )
         self._closed = False
 
     def _compartment(self, name: str, policy: Policy) -> Compartment:
         return Compartment(
-            name, policy, self._connector, self._protocols, clock=self._clock, rng=self._rng
+            name,
+            policy,
+            self._connector,
+            self._protocols,
+            timers=self._timers,
+            clock=self._clock,
+            rng=self._rng,
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -130,6 +162,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         """
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
+        if not self._timers.bound:
+            self._timers.bind()  # the loop that owns this transport
         url = request.url
         scheme = url.raw_scheme
         if scheme not in _DEFAULT_PORTS:
@@ -139,7 +173,10 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         if not url.raw_host:
             raise httpx.UnsupportedProtocol("Request URL is missing a host.", request=request)
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
-        compartment = self._router.route(origin, url.path)
+        router = self._router
+        compartment = router.route(origin, url.path)
+        if router.retired:
+            await self._retire()
         policy = compartment.policy
 
         timeout = request.extensions.get("timeout") or {}
@@ -193,18 +230,46 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             await stream.fail(exc)
             raise
 
+    async def _retire(self) -> None:
+        """Close what the router evicted and keep its counters."""
+        retired, self._router.retired = self._router.retired, []
+        for compartment in retired:
+            self._evicted = fold_evicted(self._evicted, compartment.statistics())
+            closing = compartment.retire()
+            if closing is not None:
+                await closing
+
     def statistics(self) -> dict[str, CompartmentStats]:
-        """A snapshot of every compartment, by name (see ``CompartmentStats``)."""
-        return {name: c.statistics() for name, c in self._router.compartments.items()}
+        """A snapshot of every compartment, by name (see ``CompartmentStats``), plus
+        ``"(evicted)"`` with the counters of evicted compartments, once there are any.
+
+        Safe from any thread: from a thread other than the event loop's, the snapshot is
+        taken on the loop between two of its steps, so it is consistent (the call waits up
+        to ``STATISTICS_THREAD_WAIT`` seconds for a busy loop, then reads directly: the
+        numbers are then each correct but may not agree with one another).
+        """
+        done, snapshot = self._timers.run_in_loop(self._snapshot, STATISTICS_THREAD_WAIT)
+        return snapshot if done and snapshot is not None else self._snapshot()
+
+    def _snapshot(self) -> dict[str, CompartmentStats]:
+        compartments = list(self._router.compartments.items())  # one C-level copy
+        stats = {name: c.statistics() for name, c in compartments}
+        if self._evicted is not None:
+            stats[EVICTED] = self._evicted
+        return stats
 
     async def aclose(self) -> None:
         """Close every connection; waiters fail with ``TransportClosed``, and so do requests
-        made afterwards.  Requests in flight fail with a read or write error."""
+        made afterwards.  Requests in flight fail with a read or write error.  Nothing of
+        the transport runs after this returns (its timers are stopped)."""
         if self._closed:
             return
         self._closed = True
         for compartment in list(self._router.compartments.values()):
             await compartment.aclose()
+        if self._router.retired:
+            await self._retire()
+        await self._timers.aclose()
 
     async def __aenter__(self) -> BulkheadTransport:
         return self

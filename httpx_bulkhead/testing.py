@@ -50,12 +50,14 @@ class MockNetwork:
 
     Attributes:
         connections: connections opened so far (to any origin).
+        open_connections: connections opened and not closed yet.
         requests: every request the handler was given, in order.
     """
 
     def __init__(self, handler: Handler) -> None:
         self._handler = handler
         self.connections = 0
+        self.open_connections = 0
         self.requests: list[httpx.Request] = []
 
     async def connect(
@@ -63,6 +65,7 @@ class MockNetwork:
     ) -> _MemoryStream:
         del timeout, trace
         self.connections += 1
+        self.open_connections += 1
         return _MemoryStream(self, request.url.scheme)
 
 
@@ -141,10 +144,12 @@ class _MemoryStream:
         return self._closed or bool(self._outbox)
 
     def abort(self) -> None:
-        self._closed = True
+        if not self._closed:
+            self._closed = True
+            self._network.open_connections -= 1
 
     async def aclose(self) -> None:
-        self._closed = True
+        self.abort()
 
 
 def _to_httpx(head: h11.Request, body: bytes, scheme: str) -> httpx.Request:

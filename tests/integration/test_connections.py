@@ -269,6 +269,8 @@ async def test_unclosed_response_is_reported_and_its_slot_returned(
         with pytest.warns(ResourceWarning, match="never closed"):
             del response
             gc.collect()
+        # The slot comes back on the loop, not inside the garbage collector.
+        await until(lambda: transport.statistics()[name].running == 0)
         stats = transport.statistics()[name]
         assert (stats.running, stats.leaked_responses, stats.cancelled) == (0, 1, 1)
         assert (await client.get(f"{server.url}/")).text == "hello"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 from hypothesis import strategies as st
@@ -219,6 +220,34 @@ def test_first_connection_turning_out_http11_releases_coalesced_waiters() -> Non
     assert [w.grant for w in woken] == [DIAL, DIAL] and pool.total == 3
 
 
+def test_sweep_closes_expired_idle_connections_of_every_origin_and_re_arms() -> None:
+    pool = make_pool(idle_timeout=10.0)
+    a, b = dial(pool, A, 0), dial(pool, B, 0)
+    assert pool.next_due == math.inf  # nothing idle: no timer needed
+    pool.release(a, 1, reusable=True)
+    pool.release(b, 3, reusable=True, keep_alive=4.0)  # the server closes after 4 s
+    assert pool.next_due == 3 + keep_alive_deadline(10.0, 4.0)  # b expires first
+    assert pool.sweep(5.9) == [] and pool.next_due == 6
+    assert pool.sweep(6) == [b] and pool.next_due == 11
+    assert pool.sweep(10.9) == [] and pool.next_due == 11
+    assert pool.sweep(11) == [a] and pool.next_due == math.inf
+    assert pool.total == 0 and pool.discards[Discard.IDLE_EXPIRED] == 2
+
+
+def test_next_due_may_be_early_never_late() -> None:
+    """A connection taken from idle leaves ``next_due`` early (stale); a sweep then finds
+    nothing and makes it exact: one scan per deadline, no work per request."""
+    pool = make_pool(idle_timeout=10.0)
+    a = dial(pool, A, 0)
+    pool.release(a, 0, reusable=True)
+    assert pool.next_due == 10
+    grant, _ = pool.checkout(A, 5)
+    assert grant is a
+    pool.release(a, 6, reusable=True)
+    assert pool.next_due == 10  # early: a now expires at 16
+    assert pool.sweep(10) == [] and pool.next_due == 16
+
+
 class PoolMachine(RuleBasedStateMachine):
     """Random checkouts, dials (HTTP/1.1 to A, HTTP/2 to B), cap changes, GOAWAYs,
     releases, discards, waits, cancellations and clock ticks."""
@@ -338,6 +367,16 @@ class PoolMachine(RuleBasedStateMachine):
     def tick(self, seconds: float) -> None:
         self.now += seconds
 
+    @rule()
+    def sweep(self) -> None:
+        """The shell's timer: every expired idle connection goes, ``next_due`` is exact."""
+        self._closing(self.pool.sweep(self.now))
+        self._settle()
+        idle = [e for e in self.entries if e.in_pool and e.active == 0]
+        assert all(min(e.idle_deadline, e.expires_at) > self.now for e in idle)
+        exact = min((min(e.idle_deadline, e.expires_at) for e in idle), default=math.inf)
+        assert self.pool.next_due == exact
+
     @invariant()
     def accounting(self) -> None:
         pool = self.pool
@@ -356,6 +395,10 @@ class PoolMachine(RuleBasedStateMachine):
                 assert not any(e.origin == w.origin and e.spare > 0 for e in live)
         if any(w.grant is None and not w.for_streams for w in self.waiters):
             assert pool.total == pool.max_connections and pool.idle == 0
+        # A timer armed at ``next_due`` is never late for an idle connection.
+        for entry in live:
+            if entry.active == 0:
+                assert pool.next_due <= min(entry.idle_deadline, entry.expires_at)
 
 
 TestPoolMachine = PoolMachine.TestCase
