@@ -208,8 +208,8 @@ class _Asyncio:
         task.add_done_callback(self.tasks.discard)
 
     def call_soon_threadsafe(self, fn: Callable[[], Awaitable[None] | None]) -> bool:
-        if self.loop.is_closed():
-            return False
+        if self.loop.is_closed() or not self.loop.is_running():
+            return False  # nothing runs on it now: the caller may act directly
         try:
             self.loop.call_soon_threadsafe(lambda: self._spawn(fn()))
         except RuntimeError:  # closed in the meantime
