@@ -14,6 +14,7 @@ collector may run in any thread): ``__del__`` only hands the work over.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import weakref
@@ -119,18 +120,19 @@ class ResponseStream(httpx.AsyncByteStream):
             return compartment.end_abandoned(conn, exchange, ClosedEarly(), Outcome.CANCELLED)
 
         try:
-            if not compartment.timers.call_soon_threadsafe(end):
-                _close_unawaited(end())  # no loop left: nothing can be waiting on it
-        except Exception:
-            return
-        warnings.warn(
-            f"a response from compartment {compartment.name!r} was never closed; its "
-            "slot has been returned. Use `async with client.stream(...)` or `await "
-            "response.aclose()`.",
-            ResourceWarning,
-            stacklevel=1,
-            source=self,
-        )
+            # Warned first: whoever waits for the slot runs only after the hand-off.
+            warnings.warn(
+                f"a response from compartment {compartment.name!r} was never closed; its "
+                "slot has been returned. Use `async with client.stream(...)` or `await "
+                "response.aclose()`.",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                if not compartment.timers.call_soon_threadsafe(end):
+                    _close_unawaited(end())  # no loop left: nothing can be waiting on it
 
     async def _finish(self, exc: BaseException | None) -> None:
         if self._finished:
