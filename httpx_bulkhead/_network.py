@@ -28,6 +28,8 @@ SocketOption: TypeAlias = (
 )
 TraceFn: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[None]]
 
+_TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+
 
 async def emit(trace: TraceFn | None, name: str, info: dict[str, Any]) -> None:
     """Call an httpx ``trace`` extension callback, if there is one."""
@@ -132,7 +134,11 @@ class Connector:
             )
         assert isinstance(transport, asyncio.Transport)
         stream = AsyncioStream(transport, protocol)
-        self._apply_socket_options(stream.socket)
+        try:
+            self._apply_socket_options(stream.socket)
+        except BaseException:
+            transport.abort()  # the socket is closed on the next turn of the loop
+            raise
         return stream
 
     async def _start_tls_asyncio(self, stream: AsyncioStream, sni: str) -> None:
@@ -154,7 +160,11 @@ class Connector:
         else:
             raw = await anyio.connect_tcp(host, port, local_host=self.local_address)
         stream = AnyioStream(raw)
-        self._apply_socket_options(stream.socket)
+        try:
+            self._apply_socket_options(stream.socket)
+        except BaseException:
+            await stream.aclose()
+            raise
         return stream
 
     async def _start_tls_anyio(self, stream: AnyioStream, sni: str) -> AnyioStream:
@@ -164,9 +174,12 @@ class Connector:
         return AnyioStream(wrapped)
 
     def _apply_socket_options(self, sock: socket.socket | None) -> None:
+        """TCP_NODELAY (TCP only: a Unix socket refuses it), then the user's options.
+        Raises ``OSError``; the caller closes the socket."""
         if sock is None:
             return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in _TCP_FAMILIES:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in self.socket_options:
             sock.setsockopt(*option)
 
