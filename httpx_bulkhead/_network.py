@@ -16,10 +16,10 @@ from typing import Any, Protocol, TypeAlias
 import anyio
 import anyio.abc
 import httpx
-from anyio.streams.tls import TLSStream
 
 from ._exceptions import raise_mapped
 from ._streams import AnyioStream, AsyncioStream, NetStream, StreamProtocol
+from ._tls import TLSEngine
 
 __all__ = ["Connector", "Network", "SocketOption", "TraceFn", "set_alpn"]
 
@@ -105,11 +105,8 @@ class Connector:
                 await emit(trace, "connection.connect_tcp.complete", {"return_value": stream})
                 if tls:
                     await emit(trace, "connection.start_tls.started", {"server_hostname": sni})
-                    if isinstance(stream, AsyncioStream):
-                        await self._start_tls_asyncio(stream, sni)
-                    else:
-                        assert isinstance(stream, AnyioStream)
-                        stream = await self._start_tls_anyio(stream, sni)
+                    assert isinstance(stream, AsyncioStream | AnyioStream)
+                    await stream.start_tls(TLSEngine(self.ssl_context, sni))
                     await emit(trace, "connection.start_tls.complete", {"return_value": stream})
                 return stream
         except BaseException as exc:
@@ -141,19 +138,6 @@ class Connector:
             raise
         return stream
 
-    async def _start_tls_asyncio(self, stream: AsyncioStream, sni: str) -> None:
-        loop = asyncio.get_running_loop()
-        raw = stream._transport
-        try:
-            tls_transport = await loop.start_tls(
-                raw, stream._proto, self.ssl_context, server_hostname=sni
-            )
-        except BaseException:
-            raw.abort()  # make sure the socket is closed whatever stage the handshake reached
-            raise
-        assert isinstance(tls_transport, asyncio.Transport)
-        stream.upgraded(tls_transport)
-
     async def _open_anyio(self, host: str, port: int) -> AnyioStream:
         if self.uds is not None:
             raw: anyio.abc.ByteStream = await anyio.connect_unix(self.uds)
@@ -166,12 +150,6 @@ class Connector:
             await stream.aclose()
             raise
         return stream
-
-    async def _start_tls_anyio(self, stream: AnyioStream, sni: str) -> AnyioStream:
-        wrapped = await TLSStream.wrap(
-            stream._stream, hostname=sni, ssl_context=self.ssl_context, standard_compatible=False
-        )
-        return AnyioStream(wrapped)
 
     def _apply_socket_options(self, sock: socket.socket | None) -> None:
         """TCP_NODELAY (TCP only: a Unix socket refuses it), then the user's options.

@@ -14,6 +14,11 @@ Two implementations of one small interface (``NetStream``):
 Both signal a timeout with ``TimeoutError``, end of stream with ``b""``, and failures with
 ``OSError``; ``_exceptions.raise_mapped`` turns those into httpx exceptions.  Cancelling a
 ``receive`` never loses data: bytes stay buffered for the next call.
+
+TLS runs in both through our own ``TLSEngine`` (``_tls.py``), fed with the socket's bytes,
+so ``is_readable`` can count every byte the peer sent that nobody read yet, wherever it
+waits: in the socket, in our buffer, or in the TLS layer (which reads ahead of its
+caller).  That is what keeps an idle connection holding unsolicited bytes out of reuse.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from typing import Protocol
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSAttribute
+
+from ._tls import TLSEngine
 
 __all__ = ["AnyioStream", "AsyncioStream", "NetStream", "StreamProtocol"]
 
 #: Buffered bytes above which we stop reading from the socket (back-pressure to the peer).
 _HIGH_WATER = 256 * 1024
+#: Largest piece asked of the TLS engine at once (a record holds at most 16 KiB).
+_TLS_READ = 65536
 
 
 class NetStream(Protocol):
@@ -48,7 +56,8 @@ class NetStream(Protocol):
         ...
 
     def is_readable(self) -> bool:
-        """Whether a ``receive`` would return at once (data, end of stream or an error)."""
+        """Whether a ``receive`` would return at once (data, end of stream or an error), or
+        the peer has sent bytes that are not yet readable (part of a TLS record)."""
         ...
 
     @property
@@ -67,7 +76,8 @@ class NetStream(Protocol):
 
 
 class StreamProtocol(asyncio.Protocol):
-    """The asyncio side of ``AsyncioStream``: buffers data, tracks EOF and flow control."""
+    """The asyncio side of ``AsyncioStream``: buffers data (decrypted first, once ``tls``
+    is set), tracks EOF and flow control."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -78,7 +88,7 @@ class StreamProtocol(asyncio.Protocol):
         self.lost = False
         self.reading_paused = False
         self.writing_paused = False
-        self.tls = False  # set once TLS runs over the transport
+        self.tls: TLSEngine | None = None  # set when the TLS handshake starts
         self.read_waiter: asyncio.Future[None] | None = None
         self.write_waiter: asyncio.Future[None] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -88,20 +98,50 @@ class StreamProtocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        tls = self.tls
+        if tls is not None:
+            tls.feed(data)
+            self._decrypt(tls)
+            return
+        self._buffer(data)
+        _wake(self.read_waiter)
+
+    def _buffer(self, data: bytes) -> None:
         self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered > _HIGH_WATER and not self.reading_paused and self.transport:
             self.reading_paused = True
             self.transport.pause_reading()
-        _wake(self.read_waiter)
+
+    def _decrypt(self, tls: TLSEngine) -> None:
+        """Advance the handshake, or buffer all the plaintext the engine can give now.
+        Wakes the reader only for news: plaintext, end of stream, an error, or the end of
+        the handshake (not for records that carry none, such as TLS 1.3 session tickets)."""
+        was_done = tls.handshake_done
+        try:
+            if was_done or tls.handshake():
+                while tls.readable() and (data := tls.read(_TLS_READ)):
+                    self._buffer(data)
+        except OSError as exc:  # ssl.SSLError: the handshake or a record failed
+            self.error = exc
+        if tls.eof:
+            self.eof = True
+        outgoing = tls.outgoing()  # handshake messages, alerts, key updates
+        if outgoing and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(outgoing)
+        if self.chunks or self.eof or self.error is not None or tls.handshake_done != was_done:
+            _wake(self.read_waiter)
 
     def eof_received(self) -> bool:
+        tls = self.tls
+        if tls is not None:
+            tls.feed_eof()
+            self._decrypt(tls)
         self.eof = True
         _wake(self.read_waiter)
         # Keep the transport open: a request written after the peer's FIN must fail on the
         # read side ("Server disconnected"), as on every other backend, not as a write error.
-        # (asyncio's TLS transport always closes on EOF and warns if asked otherwise.)
-        return not self.tls
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -133,19 +173,28 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class AsyncioStream:
     """``NetStream`` over an asyncio transport (see the module docstring)."""
 
-    __slots__ = ("_loop", "_proto", "_sock", "_transport")
+    __slots__ = ("_loop", "_proto", "_sock", "_tls", "_transport")
 
     def __init__(self, transport: asyncio.Transport, protocol: StreamProtocol) -> None:
         self._loop = asyncio.get_running_loop()
         self._transport = transport
         self._proto = protocol
         self._sock: socket.socket | None = transport.get_extra_info("socket")
+        self._tls: TLSEngine | None = None
 
-    def upgraded(self, transport: asyncio.Transport) -> None:
-        """Continue on ``transport`` (the TLS one returned by ``loop.start_tls``)."""
-        self._transport = transport
-        self._proto.transport = transport
-        self._proto.tls = True
+    async def start_tls(self, tls: TLSEngine) -> None:
+        """Run the TLS handshake; from then on the stream carries plaintext.  No timeout
+        of its own (the caller's scope bounds it).  Raises ``ssl.SSLError``, ``OSError``."""
+        proto = self._proto
+        proto.tls = self._tls = tls
+        tls.handshake()  # the ClientHello
+        self._transport.write(tls.outgoing())
+        while not tls.handshake_done:
+            if proto.error is not None:
+                raise proto.error
+            if proto.eof or proto.lost:
+                raise ConnectionResetError("the server closed the connection in the TLS handshake")
+            await self._wait(None)
 
     async def _wait(self, timeout: float | None, *, write: bool = False) -> None:
         waiter = self._loop.create_future()
@@ -196,6 +245,10 @@ class AsyncioStream:
             if proto.eof:  # the peer closed first: let the read report it
                 return
             raise ConnectionResetError("the connection is closed")
+        tls = self._tls
+        if tls is not None:
+            tls.write(data)
+            data = tls.outgoing()
         self._transport.write(data)
         while proto.writing_paused and not proto.lost:
             await self._wait(timeout, write=True)
@@ -204,12 +257,15 @@ class AsyncioStream:
 
     def is_readable(self) -> bool:
         proto = self._proto
-        return bool(proto.chunks) or proto.eof or proto.lost
+        if proto.chunks or proto.eof or proto.lost:
+            return True
+        tls = self._tls
+        return tls is not None and tls.holds_input()
 
     @property
     def alpn(self) -> str | None:
-        ssl_object = self._transport.get_extra_info("ssl_object")
-        return None if ssl_object is None else ssl_object.selected_alpn_protocol()
+        tls = self._tls
+        return None if tls is None else tls.alpn
 
     @property
     def socket(self) -> socket.socket | None:
@@ -230,16 +286,29 @@ class AsyncioStream:
 class AnyioStream:
     """``NetStream`` over an anyio byte stream (any backend; used under trio)."""
 
-    __slots__ = ("_sock", "_stream")
+    __slots__ = ("_sock", "_stream", "_tls")
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self._stream = stream
         self._sock: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        self._tls: TLSEngine | None = None
+
+    async def start_tls(self, tls: TLSEngine) -> None:
+        """Run the TLS handshake; from then on the stream carries plaintext.  No timeout
+        of its own (the caller's scope bounds it).  Raises ``ssl.SSLError``, anyio errors."""
+        self._tls = tls
+        while not tls.handshake():
+            await self._flush(tls)
+            if not await self._feed(tls):
+                tls.feed_eof()  # the next handshake step raises
+        await self._flush(tls)
 
     async def receive(self, max_bytes: int, timeout: float | None) -> bytes:
         try:
             with anyio.fail_after(timeout):
-                return await self._stream.receive(max_bytes)
+                if self._tls is None:
+                    return await self._stream.receive(max_bytes)
+                return await self._receive_tls(self._tls, max_bytes)
         except anyio.EndOfStream:
             return b""
         except anyio.BrokenResourceError as exc:
@@ -247,7 +316,35 @@ class AnyioStream:
         except anyio.ClosedResourceError as exc:
             raise ConnectionAbortedError("the connection was closed") from exc
 
+    async def _receive_tls(self, tls: TLSEngine, max_bytes: int) -> bytes:
+        while True:
+            data = tls.read(max_bytes)
+            await self._flush(tls)  # a key update or alert the read produced
+            if data is not None:
+                return data
+            if not await self._feed(tls):
+                tls.feed_eof()
+                return tls.read(max_bytes) or b""
+
+    async def _feed(self, tls: TLSEngine) -> bool:
+        """Give the engine what the socket has next; false at end of stream.  Cancelling
+        loses nothing: the bytes go to the engine as soon as they are read."""
+        try:
+            tls.feed(await self._stream.receive())
+        except anyio.EndOfStream:
+            return False
+        return True
+
+    async def _flush(self, tls: TLSEngine) -> None:
+        outgoing = tls.outgoing()
+        if outgoing:
+            await self._stream.send(outgoing)
+
     async def send(self, data: bytes, timeout: float | None) -> None:
+        tls = self._tls
+        if tls is not None:
+            tls.write(data)
+            data = tls.outgoing()
         try:
             with anyio.fail_after(timeout):
                 await self._stream.send(data)
@@ -255,6 +352,9 @@ class AnyioStream:
             raise ConnectionResetError(str(exc.__cause__ or "connection broken")) from exc
 
     def is_readable(self) -> bool:
+        tls = self._tls
+        if tls is not None and tls.holds_input():
+            return True
         sock = self._sock
         if sock is None or sock.fileno() < 0:
             return True
@@ -264,8 +364,8 @@ class AnyioStream:
 
     @property
     def alpn(self) -> str | None:
-        alpn: str | None = self._stream.extra(TLSAttribute.alpn_protocol, None)
-        return alpn
+        tls = self._tls
+        return None if tls is None else tls.alpn
 
     @property
     def socket(self) -> socket.socket | None:

@@ -65,6 +65,8 @@ __all__ = [
     "ServerEvent",
     "chunked_garbage",
     "close_after_response",
+    "extra_response_in_next_record",
+    "extra_response_while_idle",
     "garbage_status_line",
     "huge_headers",
     "keepalive_header",
@@ -694,6 +696,57 @@ def close_after_response(
             return
         conn.close()
         conn.server.set_event(event)
+
+    return handler
+
+
+def extra_response_in_next_record(smuggled: bytes = b"smuggled") -> Handler:
+    """Connection #0 answers its first request and, in the same write but a record of its
+    own (over TLS), a second response nobody asked for; later requests on it get
+    ``second-on-0``.  Other connections answer ``fresh``.
+
+    Over TLS the unsolicited response then sits in the client's TLS layer, already read
+    from the socket: a client checking only the socket for readability reuses the
+    connection and reads ``smuggled`` as the answer to its next request.
+    """
+
+    def handler(conn: RawConn) -> None:
+        if conn.index != 0:
+            keepalive_ok(b"fresh")(conn)
+            return
+        if conn.read_request() is None:
+            return
+        first = response_bytes(200, b"ok", [("x-conn", "0")])
+        conn.send_raw(conn.seal(first) + conn.seal(response_bytes(200, smuggled)))
+        while conn.read_request() is not None:
+            conn.send_response(200, b"second-on-0")
+
+    return handler
+
+
+def extra_response_while_idle(
+    smuggled: bytes = b"smuggled", *, split: int = 20, idle: str = "idle"
+) -> Handler:
+    """Connection #0 answers its first request; once the test sets ``idle``, it sends the
+    first ``split`` bytes of an unsolicited response (over TLS: of its record) and sets
+    ``"partial"``; if another request arrives on it, the rest follows (so a client that
+    reused the connection reads ``smuggled``).  Other connections answer ``fresh``."""
+
+    def handler(conn: RawConn) -> None:
+        if conn.index != 0:
+            keepalive_ok(b"fresh")(conn)
+            return
+        if conn.read_request() is None:
+            return
+        conn.send_response(200, b"ok")
+        wire = conn.seal(response_bytes(200, smuggled))
+        if not conn.wait(idle):
+            return
+        conn.send_raw(wire[:split])
+        conn.server.set_event("partial")
+        if conn.read_request() is not None:
+            conn.send_raw(wire[split:])
+        conn.wait("never")
 
     return handler
 
