@@ -71,6 +71,10 @@ RECEIVE_WINDOW = 2**24
 READ_SIZE = 65536
 #: Longest a shielded write may take when httpx gives no write timeout.
 MAX_SHIELDED_WRITE = 60.0
+#: Longest the check of an idle connection reads what arrived while it was idle: only the
+#: end of a TLS record can be missing, and a peer that does not send it within this bound
+#: is not waited on (the connection is discarded).
+IDLE_READ_BOUND = 0.1
 
 #: Stand-ins for flushes that serve no one request (acks, resets, PINGs): errors there only
 #: mark the connection broken, and each stream then raises with its own request.
@@ -166,7 +170,7 @@ class HTTP2Connection(PoolEntry):
         if self._broken is not None:
             return Discard.ERROR
         if not self._reading and self._net.is_readable():
-            await self._read_once()
+            await self._read_once(IDLE_READ_BOUND)
         if self._broken is not None:
             return Discard.PEER_CLOSED
         if self.draining:
@@ -239,10 +243,12 @@ class HTTP2Connection(PoolEntry):
                     first, _ = self._sleepers.popitem(last=False)
                     first.wake()
 
-    async def _read_once(self) -> None:
+    async def _read_once(self, timeout: float | None = None) -> None:
+        """Read once and dispatch what arrived.  Without ``timeout`` the caller's cancel
+        scope bounds the read (``run_waiting``, the PING's ``move_on_after``)."""
         self._reading = True
         try:
-            data = await self._net.receive(READ_SIZE, None)
+            data = await self._net.receive(READ_SIZE, timeout)
         except Exception as exc:
             self._break(httpx.ReadError, str(exc) or type(exc).__name__)
             return

@@ -12,7 +12,8 @@ import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport, CompartmentStats
+from httpx_bulkhead import BulkheadTransport, CompartmentStats, Policy
+from tests.faults.handlers import h2_partial_record_while_idle
 from tests.servers import (
     RawServer,
     default_server_tls,
@@ -82,3 +83,28 @@ async def test_partial_unsolicited_record_while_idle_keeps_the_connection_out(tl
             assert second.extensions["bulkhead"].reused is False
             stats = only_stats(transport)
         assert (stats.peer_closed, stats.connections_created, stats.completed) == (1, 2, 2), stats
+
+
+async def test_h2_partial_record_while_idle_is_not_waited_on() -> None:
+    """HTTP/2 over TLS: while the connection is idle, the server sends part of a TLS
+    record and stalls.  Checking the connection before reuse reads what arrived; that
+    read used to have no timeout (trio: the second request waited for ever, well past
+    httpx's 2 s timeout and the 1 s acquire timeout).  It is bounded now, and the
+    connection is discarded rather than waited on."""
+    server_tls = default_server_tls()
+    with RawServer(h2_partial_record_while_idle(), tls=server_tls, alpn=("h2",)) as srv:
+        transport = trusting_transport(
+            http2=True, default=Policy(acquire_timeout=1.0, max_connections=2)
+        )
+        async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            first = await client.get(srv.url)
+            assert (first.http_version, first.text) == ("HTTP/2", "first")
+            srv.set_event("idle")
+            await srv.wait_event("partial")
+            await checkpoints()
+            with anyio.fail_after(1.0):  # far below httpx's timeout and the acquire timeout
+                second = await client.get(srv.url)
+            assert (second.text, second.extensions["bulkhead"].reused) == ("fresh", False)
+            stats = only_stats(transport)
+        assert (stats.completed, stats.connections_created, stats.peer_closed) == (2, 2, 1), stats
+        assert (stats.running, stats.in_use_connections) == (0, 0), stats
