@@ -103,7 +103,12 @@ class StreamProtocol(asyncio.Protocol):
             tls.feed(data)
             self._decrypt(tls)
             return
-        self._buffer(data)
+        # ``_buffer``, inlined: this is the per-read hot path of plain TCP.
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered > _HIGH_WATER and not self.reading_paused and self.transport:
+            self.reading_paused = True
+            self.transport.pause_reading()
         _wake(self.read_waiter)
 
     def _buffer(self, data: bytes) -> None:
@@ -120,7 +125,7 @@ class StreamProtocol(asyncio.Protocol):
         was_done = tls.handshake_done
         try:
             if was_done or tls.handshake():
-                while tls.readable() and (data := tls.read(_TLS_READ)):
+                while data := tls.read_available(_TLS_READ):
                     self._buffer(data)
         except OSError as exc:  # ssl.SSLError: the handshake or a record failed
             self.error = exc
@@ -318,8 +323,10 @@ class AnyioStream:
 
     async def _receive_tls(self, tls: TLSEngine, max_bytes: int) -> bytes:
         while True:
-            data = tls.read(max_bytes)
-            await self._flush(tls)  # a key update or alert the read produced
+            data = tls.read_available(max_bytes)
+            outgoing = tls.outgoing()  # a key update or alert the read produced
+            if outgoing:
+                await self._stream.send(outgoing)
             if data is not None:
                 return data
             if not await self._feed(tls):

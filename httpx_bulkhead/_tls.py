@@ -68,7 +68,7 @@ class TLSEngine:
         end = 0
         size = len(data)
         while end + _HEADER <= size:
-            length = int.from_bytes(data[end + 3 : end + 5], "big")
+            length = data[end + 3] << 8 | data[end + 4]
             if data[end] not in _CONTENT_TYPES or length > _MAX_RECORD:
                 self._unframed = True  # not TLS: let OpenSSL say so
                 end = size
@@ -131,6 +131,27 @@ class TLSEngine:
         if not data:  # a close_notify (SSLObject reads it as b"")
             self.eof = True
         return data
+
+    def read_available(self, max_bytes: int) -> bytes | None:
+        """Like ``read``, but as many records as are buffered, up to ``max_bytes`` bytes
+        in all (OpenSSL decrypts one record per ``read``): fewer, larger pieces for the
+        HTTP parser.  Per-record work is kept to the ``SSLObject.read`` call."""
+        data = self.read(max_bytes)
+        incoming, tls = self._in, self.ssl_object
+        if not data or not (incoming.pending or tls.pending()):
+            return data
+        pieces = [data]
+        size = len(data)
+        try:
+            while size < max_bytes and (incoming.pending or tls.pending()):
+                more = tls.read(max_bytes - size)
+                if not more:
+                    break  # close_notify: the next ``read`` reports the end
+                pieces.append(more)
+                size += len(more)
+        except ssl.SSLError:
+            pass  # a record without data, or a failure: the next ``read`` reports it
+        return b"".join(pieces)
 
     def write(self, data: bytes) -> None:
         """Encrypt ``data``; send ``outgoing()`` next."""
