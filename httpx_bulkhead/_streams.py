@@ -27,15 +27,16 @@ import asyncio
 import contextlib
 import select
 import socket
+import ssl
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
 from ._tls import TLSEngine
 
-__all__ = ["AnyioStream", "AsyncioStream", "NetStream", "StreamProtocol"]
+__all__ = ["AnyioStream", "AsyncioStream", "NetStream", "NetworkStream", "StreamProtocol"]
 
 #: Buffered bytes above which we stop reading from the socket (back-pressure to the peer).
 _HIGH_WATER = 256 * 1024
@@ -273,6 +274,11 @@ class AsyncioStream:
         return None if tls is None else tls.alpn
 
     @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        tls = self._tls
+        return None if tls is None else tls.ssl_object
+
+    @property
     def socket(self) -> socket.socket | None:
         return self._sock
 
@@ -375,6 +381,11 @@ class AnyioStream:
         return None if tls is None else tls.alpn
 
     @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        tls = self._tls
+        return None if tls is None else tls.ssl_object
+
+    @property
     def socket(self) -> socket.socket | None:
         return self._sock
 
@@ -384,3 +395,65 @@ class AnyioStream:
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
             await anyio.aclose_forcefully(self._stream)
+
+
+class NetworkStream:
+    """What ``response.extensions["network_stream"]`` is: the connection that carried the
+    response, for inspection only.
+
+    ``get_extra_info(name)`` answers as httpcore's network streams do: ``"ssl_object"``
+    (``ssl.SSLObject``, ``None`` on plain TCP), ``"client_addr"`` and ``"server_addr"``
+    (``(host, port)``; a path or ``""`` on a Unix socket), ``"socket"`` (the
+    ``socket.socket``; under trio too, where httpcore gives trio's socket wrapper) and
+    ``"is_readable"``; anything else ``None``.  Use the socket to read its options or
+    addresses, never to read, write or close it.
+
+    The connection belongs to the pool and may carry other requests (HTTP/2 streams,
+    later HTTP/1.1 exchanges), so ``read``, ``write``, ``start_tls`` and ``aclose`` are
+    refused with ``RuntimeError``: with httpcore they serve protocol upgrades (101, CONNECT),
+    which BulkheadTransport does not support.
+    """
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: NetStream) -> None:
+        self._stream = stream
+
+    def get_extra_info(self, info: str) -> Any:
+        stream = self._stream
+        if info == "is_readable":
+            return stream.is_readable()
+        if not isinstance(stream, AsyncioStream | AnyioStream):
+            return None  # testing.MockNetwork: no socket
+        if info == "ssl_object":
+            return stream.ssl_object
+        sock = stream.socket
+        if info == "socket":
+            return sock
+        if sock is None or info not in ("client_addr", "server_addr"):
+            return None
+        try:
+            address = sock.getsockname() if info == "client_addr" else sock.getpeername()
+        except OSError:  # closed, or the peer is gone
+            return None
+        if isinstance(address, tuple):
+            return address[:2]  # IPv6 (host, port, flowinfo, scope_id): as anyio, (host, port)
+        return address
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        raise RuntimeError(_NOT_YOURS)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        raise RuntimeError(_NOT_YOURS)
+
+    async def start_tls(self, *args: Any, **kwargs: Any) -> NetworkStream:
+        raise RuntimeError(_NOT_YOURS)
+
+    async def aclose(self) -> None:
+        raise RuntimeError(_NOT_YOURS)
+
+
+_NOT_YOURS = (
+    "the network_stream of BulkheadTransport is for get_extra_info() only: the connection "
+    "belongs to the pool (protocol upgrades, 101 and CONNECT, are not supported)"
+)

@@ -80,3 +80,15 @@ async def test_failing_socket_option_closes_the_socket(where: str, uds_path: str
         assert_no_fd_growth(before, f"failed setsockopt ({where})")
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught
+
+
+async def test_uds_with_socket_options_applies_them(uds_path: str) -> None:
+    option = (socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    with RawServer(keepalive_ok(b"ok"), uds=uds_path) as srv:
+        transport = BulkheadTransport(uds=uds_path, socket_options=[option])
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            response = await client.get(srv.url)
+            sock = response.extensions["network_stream"].get_extra_info("socket")
+            assert sock.family == socket.AF_UNIX
+            # Linux doubles the value it is given (bookkeeping overhead).
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= 64 * 1024
