@@ -292,6 +292,9 @@ class Compartment(ConnectionListener):
     ) -> None:
         """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``.  The
         connection is pooled, kept (an HTTP/2 stream was reset) or closed."""
+        tracer = exchange.tracer
+        if tracer is not None:  # "{operation}.failed", "response_closed.started"
+            await tracer.closing(exc, early=isinstance(exc, ClosedEarly))
         entry: PoolEntry = conn  # type: ignore[assignment]
         if exc is None:
             reusable, keep_alive = exchange.completed()
@@ -308,6 +311,8 @@ class Compartment(ConnectionListener):
                 to_close = self.pool.discard(entry, reason)
         await self._close_all(to_close)
         await self._close_pending()
+        if tracer is not None:
+            await tracer.closed()
 
     def end_abandoned(
         self, conn: Connection, exchange: Exchange, exc: BaseException, outcome: str

@@ -12,8 +12,9 @@ import anyio
 import httpx
 
 from ._exceptions import Phase, RequestTimeout, raise_mapped
-from ._network import TraceFn
 from ._pool import Discard
+from ._streams import NetworkStream
+from ._trace import TraceFn, Tracer
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -139,6 +140,8 @@ class Exchange(Protocol):
     received_any: bool
     #: A request byte was handed to the OS.
     wrote_any: bool
+    #: Trace events of this exchange (set by ``send_request`` when the request is traced).
+    tracer: Tracer | None
 
     async def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
@@ -170,6 +173,9 @@ class Connection(Protocol):
 
     @property
     def id(self) -> int: ...
+
+    #: ``response.extensions["network_stream"]``: the connection, for inspection only.
+    network_stream: NetworkStream
 
     def start_exchange(self) -> Exchange: ...
 

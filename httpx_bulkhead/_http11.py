@@ -29,9 +29,9 @@ from ._codec import (
     make_codec,
 )
 from ._exchange import ResponseHead, Timeouts, body_chunks, discard_reason, run_io
-from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
-from ._streams import NetStream
+from ._streams import NetStream, NetworkStream
+from ._trace import TraceFn, Tracer
 
 __all__ = ["HTTP11Connection", "next_connection_id"]
 
@@ -61,8 +61,10 @@ class HTTP11Connection(PoolEntry):
         "_stream",
         "id",
         "keep_alive",
+        "network_stream",
         "received_any",
         "reused",
+        "tracer",
         "wrote_any",
     )
 
@@ -77,6 +79,8 @@ class HTTP11Connection(PoolEntry):
         self._head_bytes = 0  # bytes read while waiting for the response head
         self._reusable = False  # the last exchange ended cleanly and both keep alive
         self.wrote_any = False  # a request byte was handed to the OS in the current exchange
+        self.network_stream = NetworkStream(stream)  # the response extension
+        self.tracer: Tracer | None = None  # the current exchange's, when it is traced
 
     # -- the Connection protocol: one exchange at a time, the connection is the exchange ---
     def start_exchange(self) -> HTTP11Connection:
@@ -118,12 +122,13 @@ class HTTP11Connection(PoolEntry):
             httpx.WriteError, WriteTimeout, ReadError, ReadTimeout, RemoteProtocolError,
             LocalProtocolError, RequestTimeout.
         """
+        self.tracer = tracer = None if trace is None else Tracer(trace, "http11")
         target = request.extensions.get("target", request.url.raw_path)
         method = request.method.encode("ascii")
         headers = request.headers.raw
         early: Head | None = None
         small = _small_body(request)
-        if small is not None and trace is None and not _expects_continue(headers):
+        if small is not None and tracer is None and not _expects_continue(headers):
             # The common case: headers and an in-memory body in one write.
             codec = self._codec
             try:
@@ -135,21 +140,23 @@ class HTTP11Connection(PoolEntry):
                 raise httpx.LocalProtocolError(str(exc), request=request) from exc
             await self._write(data, request, timeouts)
         else:
-            early = await self._send_streaming(method, target, headers, request, timeouts, trace)
-        if trace is not None:
-            await emit(trace, "http11.receive_response_headers.started", {"request": request})
+            early = await self._send_streaming(method, target, headers, request, timeouts, tracer)
+        if tracer is not None:
+            await tracer.started("receive_response_headers", {"request": request})
         head = early or await self._read_head(request, timeouts)
         self.keep_alive = _keep_alive_timeout(head.headers)
-        if trace is not None:
-            await emit(
-                trace,
-                "http11.receive_response_headers.complete",
-                {"return_value": (b"HTTP/1.1", head.status, head.reason, head.headers)},
+        if tracer is not None:
+            version = b"HTTP/" + head.http_version
+            await tracer.complete(
+                "receive_response_headers", (version, head.status, head.reason, head.headers)
             )
         return ResponseHead(head.status, head.headers, b"HTTP/" + head.http_version, head.reason)
 
     async def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
         """The next chunk of the response body; ``None`` once the body is complete."""
+        tracer = self.tracer
+        if tracer is not None and tracer.current != "receive_response_body":
+            await tracer.started("receive_response_body", {"request": request})
         while True:
             event = self._next_event(request)
             if event is NEED_DATA:
@@ -158,6 +165,8 @@ class HTTP11Connection(PoolEntry):
                 return event
             elif event is END:
                 self._reusable = self._codec.reuse()
+                if tracer is not None:
+                    await tracer.complete("receive_response_body")
                 return None
             else:
                 raise httpx.RemoteProtocolError(f"unexpected {event!r}", request=request)
@@ -185,21 +194,24 @@ class HTTP11Connection(PoolEntry):
         headers: list[tuple[bytes, bytes]],
         request: httpx.Request,
         timeouts: Timeouts,
-        trace: TraceFn | None,
+        tracer: Tracer | None,
     ) -> Head | None:
         """Headers, then the body as it streams (after ``100 Continue`` if asked for).
         Returns a response that arrived before the body was sent, if any."""
         codec = self._codec
-        await emit(trace, "http11.send_request_headers.started", {"request": request})
+        if tracer is not None:
+            await tracer.started("send_request_headers", {"request": request})
         await self._write(
             self._encode(codec.request, method, target, headers, request=request), request, timeouts
         )
-        await emit(trace, "http11.send_request_headers.complete", {"return_value": None})
+        if tracer is not None:
+            await tracer.complete("send_request_headers")
         early: Head | None = None
         if codec.waiting_for_continue:
             early = await self._await_continue(request, timeouts)
         if early is None:
-            await emit(trace, "http11.send_request_body.started", {"request": request})
+            if tracer is not None:
+                await tracer.started("send_request_body", {"request": request})
             try:
                 await self._send_body(request, timeouts)
             except httpx.WriteError:
@@ -210,7 +222,8 @@ class HTTP11Connection(PoolEntry):
                 early = await self._read_head_or_none(request, timeouts)
                 if early is None:
                     raise
-            await emit(trace, "http11.send_request_body.complete", {"return_value": None})
+            if tracer is not None:
+                await tracer.complete("send_request_body")
         return early
 
     def _encode(self, encode: Any, *args: Any, request: httpx.Request) -> bytes:

@@ -56,9 +56,9 @@ from ._exchange import (
 )
 from ._h2frames import FrameSizeError, FrameSplitter
 from ._http11 import next_connection_id
-from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
-from ._streams import NetStream
+from ._streams import NetStream, NetworkStream
+from ._trace import TraceFn, Tracer, emit
 
 __all__ = ["DEFAULT_PEER_STREAMS", "HTTP2Connection"]
 
@@ -71,6 +71,10 @@ RECEIVE_WINDOW = 2**24
 READ_SIZE = 65536
 #: Longest a shielded write may take when httpx gives no write timeout.
 MAX_SHIELDED_WRITE = 60.0
+#: Longest the check of an idle connection reads what arrived while it was idle: only the
+#: end of a TLS record can be missing, and a peer that does not send it within this bound
+#: is not waited on (the connection is discarded).
+IDLE_READ_BOUND = 0.1
 
 #: Stand-ins for flushes that serve no one request (acks, resets, PINGs): errors there only
 #: mark the connection broken, and each stream then raises with its own request.
@@ -127,6 +131,7 @@ class HTTP2Connection(PoolEntry):
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config=config)
         self._net = stream
+        self.network_stream = NetworkStream(stream)  # the response extension
         self._listener = listener
         self._max_streams = max_streams
         self._ping_after = ping_after
@@ -154,7 +159,14 @@ class HTTP2Connection(PoolEntry):
         # raised at once so concurrent streams do not starve each other.
         self._h2.initiate_connection()
         self._h2.increment_flow_control_window(RECEIVE_WINDOW - 65535)
-        await self._flush(request, Timeouts(None, timeout, None))
+        trace: TraceFn | None = request.extensions.get("trace")
+        await emit(trace, "http2.send_connection_init.started", {"request": request})
+        try:
+            await self._flush(request, Timeouts(None, timeout, None))
+        except httpx.TransportError as exc:
+            await emit(trace, "http2.send_connection_init.failed", {"exception": exc})
+            raise
+        await emit(trace, "http2.send_connection_init.complete", {"return_value": None})
 
     # -- the Connection protocol -----------------------------------------------------------
     def start_exchange(self) -> H2Stream:
@@ -166,7 +178,7 @@ class HTTP2Connection(PoolEntry):
         if self._broken is not None:
             return Discard.ERROR
         if not self._reading and self._net.is_readable():
-            await self._read_once()
+            await self._read_once(IDLE_READ_BOUND)
         if self._broken is not None:
             return Discard.PEER_CLOSED
         if self.draining:
@@ -239,10 +251,12 @@ class HTTP2Connection(PoolEntry):
                     first, _ = self._sleepers.popitem(last=False)
                     first.wake()
 
-    async def _read_once(self) -> None:
+    async def _read_once(self, timeout: float | None = None) -> None:
+        """Read once and dispatch what arrived.  Without ``timeout`` the caller's cancel
+        scope bounds the read (``run_waiting``, the PING's ``move_on_after``)."""
         self._reading = True
         try:
-            data = await self._net.receive(READ_SIZE, None)
+            data = await self._net.receive(READ_SIZE, timeout)
         except Exception as exc:
             self._break(httpx.ReadError, str(exc) or type(exc).__name__)
             return
@@ -380,6 +394,7 @@ class H2Stream(_Sleeper):
         "reset_code",
         "reused",
         "stream_id",
+        "tracer",
         "wants_window",
         "wrote_any",
     )
@@ -396,6 +411,7 @@ class H2Stream(_Sleeper):
         self.reset_code: int | None = None
         self.ended = False
         self.wants_window = False
+        self.tracer: Tracer | None = None  # when the request is traced
 
     # -- sending -------------------------------------------------------------------------
     async def send_request(
@@ -406,7 +422,7 @@ class H2Stream(_Sleeper):
         if conn.draining:
             raise Refused()
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
-        await emit(trace, "http2.send_request_headers.started", {"request": request})
+        self.tracer = tracer = None if trace is None else Tracer(trace, "http2")
         try:
             self.stream_id = h2c.get_next_available_stream_id()
             h2c.send_headers(self.stream_id, _request_headers(request), end_stream=not has_body)
@@ -415,19 +431,27 @@ class H2Stream(_Sleeper):
         except h2.exceptions.ProtocolError as exc:
             raise httpx.LocalProtocolError(str(exc), request=request) from exc
         conn._streams[self.stream_id] = self
+        if tracer is not None:  # (another task may flush our HEADERS during the callback)
+            self.wrote_any = True
+            tracer.stream_id = self.stream_id
+            info = {"request": request, "stream_id": self.stream_id}
+            await tracer.started("send_request_headers", info)
         await conn._flush(request, timeouts)
         self.wrote_any = True
-        await emit(trace, "http2.send_request_headers.complete", {"stream_id": self.stream_id})
+        if tracer is not None:
+            await tracer.complete("send_request_headers")
+            await tracer.started("send_request_body", info)
         if has_body:
-            await emit(trace, "http2.send_request_body.started", {"request": request})
             await self._send_body(request, timeouts)
-            await emit(trace, "http2.send_request_body.complete", {"stream_id": self.stream_id})
-        await emit(trace, "http2.receive_response_headers.started", {"request": request})
+        if tracer is not None:
+            await tracer.complete("send_request_body")
+            await tracer.started("receive_response_headers", info)
         while True:
             event = await self._next_event(request, timeouts)
             if isinstance(event, h2.events.ResponseReceived):
                 head = _response_head(event.headers, self.stream_id)
-                await emit(trace, "http2.receive_response_headers.complete", {"status": head[0]})
+                if tracer is not None:
+                    await tracer.complete("receive_response_headers", (head.status, head.headers))
                 return head
             if isinstance(event, h2.events.StreamEnded):  # pragma: no cover - h2 forbids it
                 raise httpx.RemoteProtocolError("stream ended without a response", request=request)
@@ -489,6 +513,10 @@ class H2Stream(_Sleeper):
 
     # -- receiving -----------------------------------------------------------------------
     async def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
+        tracer = self.tracer
+        if tracer is not None and tracer.current != "receive_response_body":
+            info = {"request": request, "stream_id": self.stream_id}
+            await tracer.started("receive_response_body", info)
         while not self.ended:
             event = await self._next_event(request, timeouts)
             if isinstance(event, h2.events.DataReceived):
@@ -500,6 +528,8 @@ class H2Stream(_Sleeper):
                     return bytes(event.data)
             elif isinstance(event, h2.events.StreamEnded):
                 self._end()
+        if tracer is not None:
+            await tracer.complete("receive_response_body")
         return None
 
     async def _next_event(self, request: httpx.Request, timeouts: Timeouts) -> h2.events.Event:

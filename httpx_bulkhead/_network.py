@@ -9,30 +9,26 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
 import anyio
 import anyio.abc
 import httpx
-from anyio.streams.tls import TLSStream
 
 from ._exceptions import raise_mapped
-from ._streams import AnyioStream, AsyncioStream, NetStream, StreamProtocol
+from ._streams import AnyioStream, AsyncioStream, NetStream, NetworkStream, StreamProtocol
+from ._tls import TLSEngine
+from ._trace import TraceFn, emit
 
-__all__ = ["Connector", "Network", "SocketOption", "TraceFn", "set_alpn"]
+__all__ = ["Connector", "Network", "SocketOption", "TraceFn", "emit", "set_alpn"]
 
 SocketOption: TypeAlias = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
 )
-TraceFn: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[None]]
 
-
-async def emit(trace: TraceFn | None, name: str, info: dict[str, Any]) -> None:
-    """Call an httpx ``trace`` extension callback, if there is one."""
-    if trace is not None:
-        await trace(name, info)
+_TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 
 
 class Network(Protocol):
@@ -71,6 +67,10 @@ class Connector:
     ) -> NetStream:
         """Open a stream to the request's origin (TLS for https), retrying as configured.
 
+        Trace events (httpcore's): ``connection.connect_tcp`` (``connect_unix_socket``
+        with ``uds``), ``connection.start_tls`` for https, ``connection.retry`` around
+        the pause before another attempt.
+
         Raises:
             httpx.ConnectError, httpx.ConnectTimeout.
         """
@@ -80,7 +80,10 @@ class Connector:
             except (httpx.ConnectError, httpx.ConnectTimeout):
                 if attempt >= self.retries:
                     raise
-                await anyio.sleep(0.0 if attempt == 0 else 0.5 * 2 ** (attempt - 1))
+                delay = 0.0 if attempt == 0 else 0.5 * 2 ** (attempt - 1)
+                await emit(trace, "connection.retry.started", {"delay": delay})
+                await anyio.sleep(delay)
+                await emit(trace, "connection.retry.complete", {"return_value": None})
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _connect_once(
@@ -90,33 +93,61 @@ class Connector:
         host = url.raw_host.decode("ascii")
         port = url.port or (443 if url.scheme == "https" else 80)
         sni = request.extensions.get("sni_hostname") or host
-        tls = url.scheme == "https"
         asyncio_loop = _on_asyncio()
         stream: NetStream | None = None
+        step = "connect_tcp" if self.uds is None else "connect_unix_socket"
         try:
             with anyio.fail_after(timeout):
-                await emit(trace, "connection.connect_tcp.started", {"host": host, "port": port})
+                if trace is not None:
+                    await trace(
+                        f"connection.{step}.started", self._connect_info(host, port, timeout)
+                    )
                 if asyncio_loop:
                     stream = await self._open_asyncio(host, port)
                 else:
                     stream = await self._open_anyio(host, port)
-                await emit(trace, "connection.connect_tcp.complete", {"return_value": stream})
-                if tls:
-                    await emit(trace, "connection.start_tls.started", {"server_hostname": sni})
-                    if isinstance(stream, AsyncioStream):
-                        await self._start_tls_asyncio(stream, sni)
-                    else:
-                        assert isinstance(stream, AnyioStream)
-                        stream = await self._start_tls_anyio(stream, sni)
-                    await emit(trace, "connection.start_tls.complete", {"return_value": stream})
+                if trace is not None:
+                    await trace(
+                        f"connection.{step}.complete", {"return_value": NetworkStream(stream)}
+                    )
+                if url.scheme == "https":
+                    step = "start_tls"
+                    if trace is not None:
+                        info = {
+                            "ssl_context": self.ssl_context,
+                            "server_hostname": sni,
+                            "timeout": timeout,
+                        }
+                        await trace("connection.start_tls.started", info)
+                    assert isinstance(stream, AsyncioStream | AnyioStream)
+                    await stream.start_tls(TLSEngine(self.ssl_context, sni))
+                    if trace is not None:
+                        await trace(
+                            "connection.start_tls.complete", {"return_value": NetworkStream(stream)}
+                        )
                 return stream
         except BaseException as exc:
             if stream is not None:
                 await stream.aclose()
-            if isinstance(exc, Exception):
-                await emit(trace, "connection.connect_tcp.failed", {"exception": exc})
+            if not isinstance(exc, Exception):
+                raise
+            try:
                 raise_mapped(exc, "connect", request)
-            raise
+            except httpx.TransportError as mapped:
+                await emit(trace, f"connection.{step}.failed", {"exception": mapped})
+                raise
+
+    def _connect_info(self, host: str, port: int, timeout: float | None) -> dict[str, Any]:
+        options = list(self.socket_options)
+        if self.uds is not None:
+            return {"path": self.uds, "timeout": timeout, "socket_options": options}
+        return {
+            "host": host,
+            "port": port,
+            "local_address": self.local_address,
+            "timeout": timeout,
+            "socket_options": options,
+        }
 
     async def _open_asyncio(self, host: str, port: int) -> AsyncioStream:
         loop = asyncio.get_running_loop()
@@ -132,21 +163,12 @@ class Connector:
             )
         assert isinstance(transport, asyncio.Transport)
         stream = AsyncioStream(transport, protocol)
-        self._apply_socket_options(stream.socket)
-        return stream
-
-    async def _start_tls_asyncio(self, stream: AsyncioStream, sni: str) -> None:
-        loop = asyncio.get_running_loop()
-        raw = stream._transport
         try:
-            tls_transport = await loop.start_tls(
-                raw, stream._proto, self.ssl_context, server_hostname=sni
-            )
+            self._apply_socket_options(stream.socket)
         except BaseException:
-            raw.abort()  # make sure the socket is closed whatever stage the handshake reached
+            transport.abort()  # the socket is closed on the next turn of the loop
             raise
-        assert isinstance(tls_transport, asyncio.Transport)
-        stream.upgraded(tls_transport)
+        return stream
 
     async def _open_anyio(self, host: str, port: int) -> AnyioStream:
         if self.uds is not None:
@@ -154,19 +176,20 @@ class Connector:
         else:
             raw = await anyio.connect_tcp(host, port, local_host=self.local_address)
         stream = AnyioStream(raw)
-        self._apply_socket_options(stream.socket)
+        try:
+            self._apply_socket_options(stream.socket)
+        except BaseException:
+            await stream.aclose()
+            raise
         return stream
 
-    async def _start_tls_anyio(self, stream: AnyioStream, sni: str) -> AnyioStream:
-        wrapped = await TLSStream.wrap(
-            stream._stream, hostname=sni, ssl_context=self.ssl_context, standard_compatible=False
-        )
-        return AnyioStream(wrapped)
-
     def _apply_socket_options(self, sock: socket.socket | None) -> None:
+        """TCP_NODELAY (TCP only: a Unix socket refuses it), then the user's options.
+        Raises ``OSError``; the caller closes the socket."""
         if sock is None:
             return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in _TCP_FAMILIES:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in self.socket_options:
             sock.setsockopt(*option)
 

@@ -14,6 +14,11 @@ Two implementations of one small interface (``NetStream``):
 Both signal a timeout with ``TimeoutError``, end of stream with ``b""``, and failures with
 ``OSError``; ``_exceptions.raise_mapped`` turns those into httpx exceptions.  Cancelling a
 ``receive`` never loses data: bytes stay buffered for the next call.
+
+TLS runs in both through our own ``TLSEngine`` (``_tls.py``), fed with the socket's bytes,
+so ``is_readable`` can count every byte the peer sent that nobody read yet, wherever it
+waits: in the socket, in our buffer, or in the TLS layer (which reads ahead of its
+caller).  That is what keeps an idle connection holding unsolicited bytes out of reuse.
 """
 
 from __future__ import annotations
@@ -22,17 +27,21 @@ import asyncio
 import contextlib
 import select
 import socket
+import ssl
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSAttribute
 
-__all__ = ["AnyioStream", "AsyncioStream", "NetStream", "StreamProtocol"]
+from ._tls import TLSEngine
+
+__all__ = ["AnyioStream", "AsyncioStream", "NetStream", "NetworkStream", "StreamProtocol"]
 
 #: Buffered bytes above which we stop reading from the socket (back-pressure to the peer).
 _HIGH_WATER = 256 * 1024
+#: Largest piece asked of the TLS engine at once (a record holds at most 16 KiB).
+_TLS_READ = 65536
 
 
 class NetStream(Protocol):
@@ -48,7 +57,8 @@ class NetStream(Protocol):
         ...
 
     def is_readable(self) -> bool:
-        """Whether a ``receive`` would return at once (data, end of stream or an error)."""
+        """Whether a ``receive`` would return at once (data, end of stream or an error), or
+        the peer has sent bytes that are not yet readable (part of a TLS record)."""
         ...
 
     @property
@@ -67,7 +77,8 @@ class NetStream(Protocol):
 
 
 class StreamProtocol(asyncio.Protocol):
-    """The asyncio side of ``AsyncioStream``: buffers data, tracks EOF and flow control."""
+    """The asyncio side of ``AsyncioStream``: buffers data (decrypted first, once ``tls``
+    is set), tracks EOF and flow control."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -78,7 +89,7 @@ class StreamProtocol(asyncio.Protocol):
         self.lost = False
         self.reading_paused = False
         self.writing_paused = False
-        self.tls = False  # set once TLS runs over the transport
+        self.tls: TLSEngine | None = None  # set when the TLS handshake starts
         self.read_waiter: asyncio.Future[None] | None = None
         self.write_waiter: asyncio.Future[None] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -88,6 +99,12 @@ class StreamProtocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        tls = self.tls
+        if tls is not None:
+            tls.feed(data)
+            self._decrypt(tls)
+            return
+        # ``_buffer``, inlined: this is the per-read hot path of plain TCP.
         self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered > _HIGH_WATER and not self.reading_paused and self.transport:
@@ -95,13 +112,42 @@ class StreamProtocol(asyncio.Protocol):
             self.transport.pause_reading()
         _wake(self.read_waiter)
 
+    def _buffer(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered > _HIGH_WATER and not self.reading_paused and self.transport:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _decrypt(self, tls: TLSEngine) -> None:
+        """Advance the handshake, or buffer all the plaintext the engine can give now.
+        Wakes the reader only for news: plaintext, end of stream, an error, or the end of
+        the handshake (not for records that carry none, such as TLS 1.3 session tickets)."""
+        was_done = tls.handshake_done
+        try:
+            if was_done or tls.handshake():
+                while data := tls.read_available(_TLS_READ):
+                    self._buffer(data)
+        except OSError as exc:  # ssl.SSLError: the handshake or a record failed
+            self.error = exc
+        if tls.eof:
+            self.eof = True
+        outgoing = tls.outgoing()  # handshake messages, alerts, key updates
+        if outgoing and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(outgoing)
+        if self.chunks or self.eof or self.error is not None or tls.handshake_done != was_done:
+            _wake(self.read_waiter)
+
     def eof_received(self) -> bool:
+        tls = self.tls
+        if tls is not None:
+            tls.feed_eof()
+            self._decrypt(tls)
         self.eof = True
         _wake(self.read_waiter)
         # Keep the transport open: a request written after the peer's FIN must fail on the
         # read side ("Server disconnected"), as on every other backend, not as a write error.
-        # (asyncio's TLS transport always closes on EOF and warns if asked otherwise.)
-        return not self.tls
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -133,19 +179,28 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class AsyncioStream:
     """``NetStream`` over an asyncio transport (see the module docstring)."""
 
-    __slots__ = ("_loop", "_proto", "_sock", "_transport")
+    __slots__ = ("_loop", "_proto", "_sock", "_tls", "_transport")
 
     def __init__(self, transport: asyncio.Transport, protocol: StreamProtocol) -> None:
         self._loop = asyncio.get_running_loop()
         self._transport = transport
         self._proto = protocol
         self._sock: socket.socket | None = transport.get_extra_info("socket")
+        self._tls: TLSEngine | None = None
 
-    def upgraded(self, transport: asyncio.Transport) -> None:
-        """Continue on ``transport`` (the TLS one returned by ``loop.start_tls``)."""
-        self._transport = transport
-        self._proto.transport = transport
-        self._proto.tls = True
+    async def start_tls(self, tls: TLSEngine) -> None:
+        """Run the TLS handshake; from then on the stream carries plaintext.  No timeout
+        of its own (the caller's scope bounds it).  Raises ``ssl.SSLError``, ``OSError``."""
+        proto = self._proto
+        proto.tls = self._tls = tls
+        tls.handshake()  # the ClientHello
+        self._transport.write(tls.outgoing())
+        while not tls.handshake_done:
+            if proto.error is not None:
+                raise proto.error
+            if proto.eof or proto.lost:
+                raise ConnectionResetError("the server closed the connection in the TLS handshake")
+            await self._wait(None)
 
     async def _wait(self, timeout: float | None, *, write: bool = False) -> None:
         waiter = self._loop.create_future()
@@ -196,6 +251,10 @@ class AsyncioStream:
             if proto.eof:  # the peer closed first: let the read report it
                 return
             raise ConnectionResetError("the connection is closed")
+        tls = self._tls
+        if tls is not None:
+            tls.write(data)
+            data = tls.outgoing()
         self._transport.write(data)
         while proto.writing_paused and not proto.lost:
             await self._wait(timeout, write=True)
@@ -204,12 +263,20 @@ class AsyncioStream:
 
     def is_readable(self) -> bool:
         proto = self._proto
-        return bool(proto.chunks) or proto.eof or proto.lost
+        if proto.chunks or proto.eof or proto.lost:
+            return True
+        tls = self._tls
+        return tls is not None and tls.holds_input()
 
     @property
     def alpn(self) -> str | None:
-        ssl_object = self._transport.get_extra_info("ssl_object")
-        return None if ssl_object is None else ssl_object.selected_alpn_protocol()
+        tls = self._tls
+        return None if tls is None else tls.alpn
+
+    @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        tls = self._tls
+        return None if tls is None else tls.ssl_object
 
     @property
     def socket(self) -> socket.socket | None:
@@ -230,16 +297,29 @@ class AsyncioStream:
 class AnyioStream:
     """``NetStream`` over an anyio byte stream (any backend; used under trio)."""
 
-    __slots__ = ("_sock", "_stream")
+    __slots__ = ("_sock", "_stream", "_tls")
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self._stream = stream
         self._sock: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        self._tls: TLSEngine | None = None
+
+    async def start_tls(self, tls: TLSEngine) -> None:
+        """Run the TLS handshake; from then on the stream carries plaintext.  No timeout
+        of its own (the caller's scope bounds it).  Raises ``ssl.SSLError``, anyio errors."""
+        self._tls = tls
+        while not tls.handshake():
+            await self._flush(tls)
+            if not await self._feed(tls):
+                tls.feed_eof()  # the next handshake step raises
+        await self._flush(tls)
 
     async def receive(self, max_bytes: int, timeout: float | None) -> bytes:
         try:
             with anyio.fail_after(timeout):
-                return await self._stream.receive(max_bytes)
+                if self._tls is None:
+                    return await self._stream.receive(max_bytes)
+                return await self._receive_tls(self._tls, max_bytes)
         except anyio.EndOfStream:
             return b""
         except anyio.BrokenResourceError as exc:
@@ -247,7 +327,37 @@ class AnyioStream:
         except anyio.ClosedResourceError as exc:
             raise ConnectionAbortedError("the connection was closed") from exc
 
+    async def _receive_tls(self, tls: TLSEngine, max_bytes: int) -> bytes:
+        while True:
+            data = tls.read_available(max_bytes)
+            outgoing = tls.outgoing()  # a key update or alert the read produced
+            if outgoing:
+                await self._stream.send(outgoing)
+            if data is not None:
+                return data
+            if not await self._feed(tls):
+                tls.feed_eof()
+                return tls.read(max_bytes) or b""
+
+    async def _feed(self, tls: TLSEngine) -> bool:
+        """Give the engine what the socket has next; false at end of stream.  Cancelling
+        loses nothing: the bytes go to the engine as soon as they are read."""
+        try:
+            tls.feed(await self._stream.receive())
+        except anyio.EndOfStream:
+            return False
+        return True
+
+    async def _flush(self, tls: TLSEngine) -> None:
+        outgoing = tls.outgoing()
+        if outgoing:
+            await self._stream.send(outgoing)
+
     async def send(self, data: bytes, timeout: float | None) -> None:
+        tls = self._tls
+        if tls is not None:
+            tls.write(data)
+            data = tls.outgoing()
         try:
             with anyio.fail_after(timeout):
                 await self._stream.send(data)
@@ -255,6 +365,9 @@ class AnyioStream:
             raise ConnectionResetError(str(exc.__cause__ or "connection broken")) from exc
 
     def is_readable(self) -> bool:
+        tls = self._tls
+        if tls is not None and tls.holds_input():
+            return True
         sock = self._sock
         if sock is None or sock.fileno() < 0:
             return True
@@ -264,8 +377,13 @@ class AnyioStream:
 
     @property
     def alpn(self) -> str | None:
-        alpn: str | None = self._stream.extra(TLSAttribute.alpn_protocol, None)
-        return alpn
+        tls = self._tls
+        return None if tls is None else tls.alpn
+
+    @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        tls = self._tls
+        return None if tls is None else tls.ssl_object
 
     @property
     def socket(self) -> socket.socket | None:
@@ -277,3 +395,65 @@ class AnyioStream:
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
             await anyio.aclose_forcefully(self._stream)
+
+
+class NetworkStream:
+    """What ``response.extensions["network_stream"]`` is: the connection that carried the
+    response, for inspection only.
+
+    ``get_extra_info(name)`` answers as httpcore's network streams do: ``"ssl_object"``
+    (``ssl.SSLObject``, ``None`` on plain TCP), ``"client_addr"`` and ``"server_addr"``
+    (``(host, port)``; a path or ``""`` on a Unix socket), ``"socket"`` (the
+    ``socket.socket``; under trio too, where httpcore gives trio's socket wrapper) and
+    ``"is_readable"``; anything else ``None``.  Use the socket to read its options or
+    addresses, never to read, write or close it.
+
+    The connection belongs to the pool and may carry other requests (HTTP/2 streams,
+    later HTTP/1.1 exchanges), so ``read``, ``write``, ``start_tls`` and ``aclose`` are
+    refused with ``RuntimeError``: with httpcore they serve protocol upgrades (101, CONNECT),
+    which BulkheadTransport does not support.
+    """
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: NetStream) -> None:
+        self._stream = stream
+
+    def get_extra_info(self, info: str) -> Any:
+        stream = self._stream
+        if info == "is_readable":
+            return stream.is_readable()
+        if not isinstance(stream, AsyncioStream | AnyioStream):
+            return None  # testing.MockNetwork: no socket
+        if info == "ssl_object":
+            return stream.ssl_object
+        sock = stream.socket
+        if info == "socket":
+            return sock
+        if sock is None or info not in ("client_addr", "server_addr"):
+            return None
+        try:
+            address = sock.getsockname() if info == "client_addr" else sock.getpeername()
+        except OSError:  # closed, or the peer is gone
+            return None
+        if isinstance(address, tuple):
+            return address[:2]  # IPv6 (host, port, flowinfo, scope_id): as anyio, (host, port)
+        return address
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        raise RuntimeError(_NOT_YOURS)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        raise RuntimeError(_NOT_YOURS)
+
+    async def start_tls(self, *args: Any, **kwargs: Any) -> NetworkStream:
+        raise RuntimeError(_NOT_YOURS)
+
+    async def aclose(self) -> None:
+        raise RuntimeError(_NOT_YOURS)
+
+
+_NOT_YOURS = (
+    "the network_stream of BulkheadTransport is for get_extra_info() only: the connection "
+    "belongs to the pool (protocol upgrades, 101 and CONNECT, are not supported)"
+)

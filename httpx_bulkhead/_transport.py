@@ -220,6 +220,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                     retried=retried,
                     connection_id=conn.id,
                 ),
+                "network_stream": conn.network_stream,
             }
             if head.stream_id is not None:
                 extensions["stream_id"] = head.stream_id

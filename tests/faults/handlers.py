@@ -8,7 +8,8 @@ matrix and the soak.
 * HTTP/2 at the frame level (h2c, prior knowledge; hyperframe + hpack, no h2 state
   machine, so the server can say what h2 would refuse to): :func:`continuation_flood`,
   :func:`hpack_bomb`, :func:`oversized_goaway`, :func:`h2_trickle`, :func:`h2_stale_race`,
-  :func:`h2_zero_window`.
+  :func:`h2_zero_window`; over TLS (``RawServer(tls=..., alpn=("h2",))``):
+  :func:`h2_partial_record_while_idle`.
 * Soak accounting: :class:`IntervalLog` (when each request was inside a server), used by
   :func:`random_faults`, :class:`TimedApp` (ASGI middleware) and :class:`TimedH2Server`.
 
@@ -37,6 +38,7 @@ from hyperframe.frame import (
     DataFrame,
     Frame,
     HeadersFrame,
+    PingFrame,
     SettingsFrame,
 )
 
@@ -56,6 +58,7 @@ __all__ = [
     "canned",
     "continuation_flood",
     "desync_response",
+    "h2_partial_record_while_idle",
     "h2_stale_race",
     "h2_trickle",
     "h2_zero_window",
@@ -449,6 +452,33 @@ def h2_stale_race(first: bytes = b"first", fresh: bytes = b"fresh") -> Handler:
             conn.sock.shutdown(socket.SHUT_WR)
             conn.server.set_event("fin")
             peer.drain()
+
+    return handler
+
+
+def h2_partial_record_while_idle(split: int = 12, idle: str = "idle") -> Handler:
+    """HTTP/2 over TLS.  Connection #0 answers its first request ``first``; once the test
+    sets ``idle``, it sends the first ``split`` bytes of a TLS record holding a PING, sets
+    ``"partial"`` and never sends the rest (nor answers anything more).  A client that
+    reads that connection without a timeout before reusing it waits for ever.  Later
+    connections answer every request ``fresh``."""
+
+    def handler(conn: RawConn) -> None:
+        peer = H2Peer(conn)
+        sid = peer.accept()
+        if conn.index != 0:
+            while sid is not None:
+                peer.answer(sid, b"fresh")
+                sid = peer.next_request()
+            return
+        if sid is None:
+            return
+        peer.answer(sid, b"first")
+        if not conn.wait(idle):
+            return
+        conn.send_raw(conn.seal(PingFrame(0, opaque_data=b"12345678").serialize())[:split])
+        conn.server.set_event("partial")
+        peer.drain()
 
     return handler
 

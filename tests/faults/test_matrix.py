@@ -8,7 +8,10 @@ no connection in use, the broken connection discarded (``connections``, usually 
 counted under the right reason (``error``, ``unknown_state``, ``peer_closed``,
 ``not_reusable``, ``ping_timeouts``, ...), with ``acquired == completed + failed +
 cancelled``.  Rows that measure memory run the call under ``tracemalloc``.
-Every row runs under asyncio and trio.
+Every row runs under asyncio and trio, and no row may leave a descriptor open: the
+process's open descriptors (``/proc/self/fd``, sockets among them) are compared from
+before the row's server starts to after it has stopped (``tests/resources.py``).
+TLS rows use ``RawServer(tls=...)``, which scripts the records on the wire.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tests.faults.handlers import (
     canned,
     continuation_flood,
     desync_response,
+    h2_partial_record_while_idle,
     h2_stale_race,
     h2_trickle,
     h2_zero_window,
@@ -47,11 +51,14 @@ from tests.faults.handlers import (
     tls_serve,
     tls_silent,
 )
+from tests.resources import FdSnapshot, assert_no_fd_growth, settle_io
 from tests.servers import (
     RawServer,
     ServerTLS,
     chunked_garbage,
     default_server_tls,
+    extra_response_in_next_record,
+    extra_response_while_idle,
     garbage_status_line,
     h2script,
     huge_headers,
@@ -165,6 +172,14 @@ class ClosedPort:
 
 def raw(handler: Handler) -> Callable[[], RawServer]:
     return lambda: RawServer(handler)
+
+
+def raw_tls(handler: Handler, alpn: tuple[str, ...] = ("http/1.1",)) -> Callable[[], RawServer]:
+    """The handler behind TLS (the session CA's certificate); rows set ``tls=TLS``."""
+    return lambda: RawServer(handler, tls=default_server_tls(), alpn=alpn)
+
+
+TLS = default_server_tls()
 
 
 async def get(ctx: Ctx, path: str = "/", **kwargs: Any) -> httpx.Response:
@@ -310,6 +325,17 @@ async def post_big(ctx: Ctx) -> httpx.Response:
 
 async def post_200k(ctx: Ctx) -> httpx.Response:
     return await ctx.client.post(ctx.url + "/", content=b"u" * 200_000)
+
+
+async def first_then_idle(ctx: Ctx) -> None:
+    """The first request succeeds; then the server, told the connection is idle, sends
+    part of something nobody asked for (event ``"partial"``), and the client's event loop
+    has read it."""
+    assert (await get(ctx)).status_code == 200
+    ctx.server.set_event("idle")
+    await ctx.server.wait_event("partial")
+    for _ in range(10):
+        await anyio.sleep(0)  # checkpoints, not a timed wait
 
 
 async def first_then_ok(ctx: Ctx) -> None:
@@ -533,6 +559,97 @@ ROWS: list[Row] = [
         tls=default_server_tls(),
         check=cert_rejected,
         stats={"failed": 1, "connections_created": 0},
+    ),
+    Row(
+        "tls_extra_response_in_next_record",
+        raw_tls(extra_response_in_next_record()),
+        Succeeds((b"fresh",), reused=False),
+        deadline=2.0,
+        tls=TLS,
+        prepare=first_then_ok,
+        stats={"completed": 2, "peer_closed": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "tls_partial_record_while_idle",
+        raw_tls(extra_response_while_idle()),
+        Succeeds((b"fresh",), reused=False),
+        deadline=2.0,
+        tls=TLS,
+        prepare=first_then_idle,
+        stats={"completed": 2, "peer_closed": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "tls_late_response_after_timeout",
+        raw_tls(late_response("release")),
+        Succeeds((b"response-for:/second",), reused=False, retried=False),
+        deadline=2.0,
+        tls=TLS,
+        prepare=time_out_first,
+        call=get_second,
+        stats={"completed": 1, "failed": 1, "unknown_state": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "tls_stale_keepalive_get_retried",
+        raw_tls(stale_race()),
+        Succeeds((b"fresh",), retried=True, reused=False),
+        deadline=2.0,
+        tls=TLS,
+        prepare=first_request,
+        stats={"completed": 2, "failed": 0, "stale_retries": 1, "peer_closed": 1},
+        connections=1,
+    ),
+    Row(
+        "tls_stale_keepalive_post_fails",
+        raw_tls(stale_race()),
+        Fails(httpx.RemoteProtocolError, "disconnected"),
+        deadline=2.0,
+        tls=TLS,
+        prepare=first_request,
+        call=post_once,
+        stats={"completed": 1, "failed": 1, "stale_retries": 0, "peer_closed": 1},
+    ),
+    Row(
+        "tls_reset_mid_body",
+        raw_tls(reset_mid_body()),
+        Fails(httpx.ReadError),
+        deadline=2.0,
+        tls=TLS,
+        stats={"failed": 1, "error": 1, "unknown_state": 0},
+    ),
+    Row(
+        "tls_truncated_body",
+        raw_tls(truncated_body()),
+        Fails(httpx.RemoteProtocolError),
+        deadline=2.0,
+        tls=TLS,
+        stats={"failed": 1, "error": 1},
+    ),
+    Row(
+        "tls_slowloris_body_request_timeout",
+        raw_tls(slowloris(0.1, trickle_head=False)),
+        Fails(RequestTimeout),
+        deadline=2.5,
+        tls=TLS,
+        policy=SLOW,
+        min_elapsed=0.8,
+        check=nothing_after_timeout,
+        stats={"failed": 1, "unknown_state": 1},
+    ),
+    Row(
+        "h2_tls_partial_record_while_idle",
+        raw_tls(h2_partial_record_while_idle(), alpn=("h2",)),
+        Succeeds((b"fresh",), reused=False),
+        deadline=1.0,  # the idle check must not wait for the rest of the record
+        http2=True,
+        tls=TLS,
+        policy=Policy(acquire_timeout=1.0),
+        timeout=httpx.Timeout(2.0),
+        prepare=first_then_idle,
+        stats={"completed": 2, "peer_closed": 1, "connections_created": 2},
+        connections=1,
     ),
     Row(
         "tls_untrusted_certificate",
@@ -767,6 +884,13 @@ def check_clean(row: Row, stats: CompartmentStats) -> None:
 
 @pytest.mark.parametrize(("row", "anyio_backend"), list(_cases()))
 async def test_fault(row: Row, anyio_backend: str) -> None:
+    before = FdSnapshot.take()
+    await run_row(row, anyio_backend)
+    await settle_io()
+    assert_no_fd_growth(before, row.id)
+
+
+async def run_row(row: Row, anyio_backend: str) -> None:
     with row.server() as srv:
         scheme = "https" if row.tls is not None else "http"
         url = f"{scheme}://127.0.0.1:{srv.port}"

@@ -16,7 +16,11 @@ close streamed responses early.  Every server logs when each request was inside 
 Afterwards, for every compartment: ``acquired == completed + failed + cancelled``,
 nothing running, queued or in use, every connection closed; the server never had more
 requests of the compartment inside at once than its ``max_concurrency``; no warning (a
-ResourceWarning above all); under asyncio no task left behind.
+ResourceWarning above all); under asyncio no task left behind; and no descriptor left
+open: ``/proc/self/fd`` (sockets among them) is compared from before the servers start to
+after they stop (``tests/resources.py``).  So that the TLS layer is soaked too, one
+compartment per backend runs over TLS (``TLS_COMPARTMENT``): ``h1`` under asyncio (hypercorn
+with the session CA), ``raw`` under trio (the faults behind TLS, ``RawServer(tls=...)``).
 
 How the server-side bound is counted: each server logs when every request was inside it
 (``IntervalLog``), and ``peak_inside`` cuts each interval where the client let the request
@@ -56,7 +60,15 @@ import pytest
 
 from httpx_bulkhead import BulkheadFull, BulkheadTransport, CompartmentStats, Policy
 from tests.faults.handlers import IntervalLog, TimedApp, TimedH2Server, random_faults
-from tests.servers import H2Reset, HypercornServer, RawServer, TestApp, keepalive_ok
+from tests.resources import FdSnapshot, assert_no_fd_growth, settle_io
+from tests.servers import (
+    H2Reset,
+    HypercornServer,
+    RawServer,
+    TestApp,
+    default_server_tls,
+    keepalive_ok,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -70,6 +82,8 @@ H2 = Policy(
 )
 H2_SERVER_CAP = 3
 CLIENT_TIMEOUT = httpx.Timeout(5.0, read=0.4)
+#: The compartment that runs over TLS, per backend (the other one runs on plain TCP).
+TLS_COMPARTMENT = {"asyncio": "h1", "trio": "raw"}
 
 
 # ------------------------------------------------------------- client-side release times
@@ -287,8 +301,10 @@ class Servers:
 
 
 @contextlib.contextmanager
-def servers(seed: int) -> Iterator[Servers]:
+def servers(seed: int, tls: str) -> Iterator[Servers]:
+    """The three servers; the one of compartment ``tls`` ("h1" or "raw") over TLS."""
     logs = {"h1": IntervalLog(), "raw": IntervalLog(), "h2": IntervalLog()}
+    server_tls = default_server_tls()
     app = TestApp()
     resets = {
         "/reset": H2Reset(),
@@ -296,8 +312,14 @@ def servers(seed: int) -> Iterator[Servers]:
     }
     h2_options = {"max_streams": H2_SERVER_CAP, "goaway_after": 3, "goaway_keep": 2}
     with (
-        HypercornServer(TimedApp(app, logs["h1"])) as h1_server,
-        RawServer(random_faults(seed, logs["raw"])) as raw_server,
+        HypercornServer(
+            TimedApp(app, logs["h1"]),
+            tls=server_tls if tls == "h1" else None,
+            alpn=("http/1.1",),
+        ) as h1_server,
+        RawServer(
+            random_faults(seed, logs["raw"]), tls=server_tls if tls == "raw" else None
+        ) as raw_server,
         TimedH2Server(logs["h2"], resets=resets, **h2_options) as h2_server,
     ):
         yield Servers(h1_server, raw_server, h2_server, app, logs)
@@ -314,11 +336,13 @@ async def test_soak(anyio_backend: str) -> None:
 
 async def soak(seed: int, backend: str) -> None:
     baseline = len(asyncio.all_tasks()) if backend == "asyncio" else 0
+    fds = FdSnapshot.take()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with servers(seed) as srv:
+        with servers(seed, TLS_COMPARTMENT[backend]) as srv:
             h1_key, raw_key = f"127.0.0.1:{srv.h1.port}", f"127.0.0.1:{srv.raw.port}"
-            http1 = BulkheadTransport(hosts={h1_key: H1, raw_key: RAW})
+            verify = default_server_tls().client_ssl_context()
+            http1 = BulkheadTransport(hosts={h1_key: H1, raw_key: RAW}, verify=verify)
             http2 = BulkheadTransport(default=H2, http1=False, http2=True)
             clock1, clock2 = ReleaseClock(http1), ReleaseClock(http2)
             async with (
@@ -356,6 +380,8 @@ async def soak(seed: int, backend: str) -> None:
             assert not srv.h2.violations and not srv.h2.protocol_errors
             assert srv.h2.max_open_streams_per_connection <= H2_SERVER_CAP
             report(comps, srv)
+        await settle_io()
+        assert_no_fd_growth(fds, f"soak under {backend}")  # before gc: see tests/resources.py
         await settle()
     assert not caught, collections.Counter(str(w.message)[:150] for w in caught)
     if backend == "asyncio":
@@ -459,6 +485,7 @@ async def test_cancelled_dials_leave_no_socket_behind(anyio_backend: str) -> Non
     cancelled after a random 0-1.5 ms, which lands in the middle of the TCP connect for
     a good share of them: no socket may be left for the garbage collector."""
     rng = random.Random(SEED)
+    fds = FdSnapshot.take()
     with warnings.catch_warnings(record=True) as caught, RawServer(keepalive_ok()) as srv:
         warnings.simplefilter("always")
         transport = BulkheadTransport(default=Policy(max_idle_connections=0))
@@ -475,5 +502,7 @@ async def test_cancelled_dials_leave_no_socket_behind(anyio_backend: str) -> Non
             stats = transport.statistics()[srv.url]
             assert (stats.running, stats.in_use_connections) == (0, 0), stats
             assert stats.acquired == stats.completed + stats.failed + stats.cancelled, stats
-        await settle()
+        await settle_io()
+    assert_no_fd_growth(fds, "cancelled dials")
+    await settle()
     assert not caught, collections.Counter(str(w.message)[:80] for w in caught)

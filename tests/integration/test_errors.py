@@ -309,3 +309,31 @@ async def test_compartment_serves_again_after_a_failure() -> None:
             assert (stats.error, stats.failed, stats.completed, stats.running) == (1, 1, 1, 0)
             assert (stats.connections, stats.idle_connections) == (1, 1)
     assert served == 2
+
+
+# ------------------------------------------------------------------ protocol upgrades
+
+
+async def test_101_switching_protocols_is_refused_clearly() -> None:
+    """BulkheadTransport does not hand connections over for upgrades (WebSocket, h2c
+    Upgrade): a 101 answer is a RemoteProtocolError saying so, and the connection, in the
+    other protocol now, is closed.  (httpx's default transport returns the 101 response
+    with the connection in ``extensions["network_stream"]``.)"""
+    switching = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    )
+
+    def upgrade(conn: RawConn) -> None:
+        if conn.read_request() is not None:
+            conn.send(switching)
+            conn.wait("never")
+
+    with RawServer(upgrade) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            headers = {"Upgrade": "websocket", "Connection": "Upgrade"}
+            with pytest.raises(httpx.TransportError) as caught:
+                await client.get(srv.url, headers=headers)
+            assert_mapped(caught.value, httpx.RemoteProtocolError)
+            assert "not supported" in str(caught.value)
+            assert_clean(transport.statistics()[srv.url], failed=1, error=1)

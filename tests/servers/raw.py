@@ -23,6 +23,17 @@ closes every socket. ``OSError``s raised in handlers (client went away, reset du
 shutdown...) are recorded in ``srv.errors`` and ignored; any other handler exception is
 re-raised from ``__exit__`` so handler bugs do not go unnoticed.
 
+TLS: ``RawServer(handler, tls=ServerTLS)`` serves https on the same scripted handlers.
+The server side of TLS runs on an ``ssl.SSLObject`` over memory buffers, so a handler
+controls the records on the wire: ``conn.send`` sends one record per call (up to 16 KiB),
+``conn.seal(data)`` returns the encrypted bytes without sending them, and
+``conn.send_raw(bytes)`` writes bytes as they are (several records in one write, or part
+of a record).  On plain TCP ``seal`` returns its input, so the same handler serves both.
+A failed handshake is recorded in ``srv.errors`` and sets event ``"handshake-failed"``.
+
+Unix sockets: ``RawServer(handler, uds=path)`` listens on ``path`` instead of TCP
+(``srv.url`` is then ``http://localhost``; the client must be given ``uds=path``).
+
 The handler factories at the bottom of the module cover the usual faults.
 """
 
@@ -31,16 +42,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import selectors
 import socket
+import ssl
 import struct
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
+
+if TYPE_CHECKING:
+    from .tls import ServerTLS
 
 __all__ = [
     "Handler",
@@ -49,6 +65,8 @@ __all__ = [
     "ServerEvent",
     "chunked_garbage",
     "close_after_response",
+    "extra_response_in_next_record",
+    "extra_response_while_idle",
     "garbage_status_line",
     "huge_headers",
     "keepalive_header",
@@ -141,18 +159,69 @@ def response_bytes(
 _REASONS = {200: "OK", 204: "No Content", 404: "Not Found", 500: "Internal Server Error"}
 
 
+class _ServerTLS:
+    """The server side of TLS over a blocking socket, on memory buffers (so the caller
+    decides how records are grouped into writes)."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        self.sock = sock
+        self.incoming = ssl.MemoryBIO()
+        self.outgoing = ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+
+    def handshake(self) -> None:
+        """Raises ``ssl.SSLError`` or ``OSError`` (``ConnectionError`` on EOF)."""
+        while True:
+            try:
+                self.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.flush()
+                data = self.sock.recv(RECV_SIZE)
+                if not data:
+                    raise ConnectionError("EOF during the TLS handshake") from None
+                self.incoming.write(data)
+        self.flush()  # the last flight, and TLS 1.3 session tickets
+
+    def flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            self.sock.sendall(data)
+
+    def seal(self, data: bytes) -> bytes:
+        """``data`` as TLS records (one per 16 KiB), not sent."""
+        if data:
+            self.obj.write(data)
+        return self.outgoing.read()
+
+    def recv(self, n: int) -> bytes:
+        """Up to ``n`` decrypted bytes; ``b""`` on EOF, close_notify or a TLS error."""
+        while True:
+            try:
+                return self.obj.read(n)
+            except ssl.SSLWantReadError:
+                data = self.sock.recv(RECV_SIZE)
+                if not data:
+                    return b""
+                self.incoming.write(data)
+            except ssl.SSLError:
+                return b""
+
+
 class RawConn:
     """One accepted connection, handed to the handler (which runs in its own thread).
 
     ``index`` is the 0-based accept order. Reads return ``None``/``b""`` on EOF,
     connection reset, or server shutdown -- handlers can simply return then.
+    ``tls`` is set once the TLS handshake is done (https servers only).
     """
 
     def __init__(self, server: RawServer, sock: socket.socket, index: int) -> None:
         self.server = server
         self.sock = sock
         self.index = index
-        self.peer: tuple[str, int] = sock.getpeername()
+        self.peer: Any = sock.getpeername()  # (host, port); "" on a Unix socket
+        self.tls: _ServerTLS | None = None
         self._buffer = b""
         self._lock = threading.Lock()
         self._closed = False
@@ -177,13 +246,13 @@ class RawConn:
             data, self._buffer = self._buffer[:n], self._buffer[n:]
             return data
         try:
-            return self.sock.recv(n)
+            return self.sock.recv(n) if self.tls is None else self.tls.recv(n)
         except OSError:
             return b""
 
     def _fill(self) -> bool:
         try:
-            data = self.sock.recv(RECV_SIZE)
+            data = self.sock.recv(RECV_SIZE) if self.tls is None else self.tls.recv(RECV_SIZE)
         except OSError:
             data = b""
         self._buffer += data
@@ -253,7 +322,16 @@ class RawConn:
     # ---- writing
 
     def send(self, data: bytes) -> None:
-        """``sendall``; raises ``OSError`` if the peer is gone (handlers may let it)."""
+        """``sendall`` (over TLS: as records, in one write); raises ``OSError`` if the
+        peer is gone (handlers may let it)."""
+        self.sock.sendall(self.seal(data))
+
+    def seal(self, data: bytes) -> bytes:
+        """What ``send(data)`` would write: TLS records over TLS, ``data`` itself else."""
+        return data if self.tls is None else self.tls.seal(data)
+
+    def send_raw(self, data: bytes) -> None:
+        """Write ``data`` exactly as given (e.g. several sealed records, or part of one)."""
         self.sock.sendall(data)
 
     def send_response(
@@ -314,16 +392,29 @@ class RawConn:
 class RawServer:
     """Accept on ``127.0.0.1:0`` and run ``handler(conn)`` in a thread per connection.
 
-    Attributes: ``port``, ``host``, ``url`` (``http://127.0.0.1:PORT``),
-    ``connections`` (number accepted), ``requests`` (raw heads read via
+    Attributes: ``port``, ``host``, ``url`` (``http://127.0.0.1:PORT``, or ``https://``
+    with ``tls``), ``connections`` (number accepted), ``requests`` (raw heads read via
     ``read_request``, in order), ``errors`` (``OSError``s raised by handlers).
+
+    ``tls``: serve TLS with this certificate, offering ``alpn`` (``None``: plain TCP).
+    ``uds``: listen on this Unix socket path instead of TCP (removed on exit).
     """
 
     host = LOCALHOST
 
-    def __init__(self, handler: Handler, *, join_timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        join_timeout: float = DEFAULT_TIMEOUT,
+        tls: ServerTLS | None = None,
+        alpn: tuple[str, ...] = ("http/1.1",),
+        uds: str | None = None,
+    ) -> None:
         self.handler = handler
         self.join_timeout = join_timeout
+        self.uds = uds
+        self._tls_context = None if tls is None else tls.server_ssl_context(alpn=alpn)
         self.errors: list[BaseException] = []
         self._failures: list[BaseException] = []
         self._cond = threading.Condition()
@@ -342,13 +433,18 @@ class RawServer:
 
     @property
     def port(self) -> int:
+        if self.uds is not None:
+            raise RuntimeError("a RawServer on a Unix socket has no port")
         if not self._port:
             raise RuntimeError("RawServer is not running")
         return self._port
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        if self.uds is not None:
+            return "http://localhost"
+        scheme = "http" if self._tls_context is None else "https"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def connections(self) -> int:
@@ -431,9 +527,10 @@ class RawServer:
     def __enter__(self) -> RawServer:
         if self._listener is not None:
             raise RuntimeError("RawServer is not re-entrant")
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET if self.uds is None else socket.AF_UNIX
+        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            listener.bind((LOCALHOST, 0))
+            listener.bind((LOCALHOST, 0) if self.uds is None else self.uds)
             listener.listen(128)
             listener.setblocking(False)
             self._wake_r, self._wake_w = socket.socketpair()
@@ -441,7 +538,7 @@ class RawServer:
             listener.close()
             raise
         self._listener = listener
-        self._port = listener.getsockname()[1]
+        self._port = listener.getsockname()[1] if self.uds is None else -1
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"raw-accept-{self._port}", daemon=True
         )
@@ -485,6 +582,9 @@ class RawServer:
         for sock in (self._listener, self._wake_r, self._wake_w):
             if sock is not None:
                 sock.close()
+        if self.uds is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.uds)
         if stuck or (self._accept_thread is not None and self._accept_thread.is_alive()):
             raise RuntimeError(f"RawServer threads did not stop: {stuck}")
 
@@ -507,7 +607,8 @@ class RawServer:
 
     def _spawn(self, sock: socket.socket) -> None:
         sock.setblocking(True)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._cond:
             if self._stopping:
                 sock.close()
@@ -530,6 +631,16 @@ class RawServer:
 
     def _run_handler(self, conn: RawConn) -> None:
         try:
+            if self._tls_context is not None:
+                tls = _ServerTLS(conn.sock, self._tls_context)
+                try:
+                    tls.handshake()
+                except (ssl.SSLError, OSError) as exc:
+                    with self._cond:
+                        self.errors.append(exc)
+                    self.set_event("handshake-failed")
+                    return
+                conn.tls = tls
             self.handler(conn)
         except OSError as exc:
             with self._cond:
@@ -585,6 +696,57 @@ def close_after_response(
             return
         conn.close()
         conn.server.set_event(event)
+
+    return handler
+
+
+def extra_response_in_next_record(smuggled: bytes = b"smuggled") -> Handler:
+    """Connection #0 answers its first request and, in the same write but a record of its
+    own (over TLS), a second response nobody asked for; later requests on it get
+    ``second-on-0``.  Other connections answer ``fresh``.
+
+    Over TLS the unsolicited response then sits in the client's TLS layer, already read
+    from the socket: a client checking only the socket for readability reuses the
+    connection and reads ``smuggled`` as the answer to its next request.
+    """
+
+    def handler(conn: RawConn) -> None:
+        if conn.index != 0:
+            keepalive_ok(b"fresh")(conn)
+            return
+        if conn.read_request() is None:
+            return
+        first = response_bytes(200, b"ok", [("x-conn", "0")])
+        conn.send_raw(conn.seal(first) + conn.seal(response_bytes(200, smuggled)))
+        while conn.read_request() is not None:
+            conn.send_response(200, b"second-on-0")
+
+    return handler
+
+
+def extra_response_while_idle(
+    smuggled: bytes = b"smuggled", *, split: int = 20, idle: str = "idle"
+) -> Handler:
+    """Connection #0 answers its first request; once the test sets ``idle``, it sends the
+    first ``split`` bytes of an unsolicited response (over TLS: of its record) and sets
+    ``"partial"``; if another request arrives on it, the rest follows (so a client that
+    reused the connection reads ``smuggled``).  Other connections answer ``fresh``."""
+
+    def handler(conn: RawConn) -> None:
+        if conn.index != 0:
+            keepalive_ok(b"fresh")(conn)
+            return
+        if conn.read_request() is None:
+            return
+        conn.send_response(200, b"ok")
+        wire = conn.seal(response_bytes(200, smuggled))
+        if not conn.wait(idle):
+            return
+        conn.send_raw(wire[:split])
+        conn.server.set_event("partial")
+        if conn.read_request() is not None:
+            conn.send_raw(wire[split:])
+        conn.wait("never")
 
     return handler
 
