@@ -4,14 +4,23 @@
 
 * ``H11Codec`` (the default and the reference): h11, pure Python, strict.
 * ``HttptoolsCodec`` (``_httptools.py``, optional: ``pip install 'httpx-bulkhead[fast]'``):
-  llhttp through httptools for responses and a direct encoder for requests; several times
-  cheaper per exchange.  The test suite runs the HTTP/1.1 tests against both.
+  llhttp through httptools, several times cheaper per exchange.
 
 A codec is pure: it does no I/O and reads no clock.  Events returned by ``next_event``:
 ``NEED_DATA``; a ``Head`` (final response head) or ``Informational`` (1xx); ``bytes`` (body
 data); ``END`` (response complete); ``CLOSED`` (the peer closed before any response);
 ``PAUSED`` (101 or CONNECT: the connection left HTTP).  Malformed input raises
-``CodecError``; misuse of the request side raises ``LocalCodecError``.
+``CodecError`` (from ``next_event``, or from ``feed`` when it can tell at once); misuse of
+the request side raises ``LocalCodecError``.
+
+One verdict
+-----------
+Both codecs must give the same verdict on every input: the same request bytes or the same
+refusal; the same events, body bytes, error (its class, not its text) at the same read, and
+the same reusability.  h11 is the reference.  We are stricter than h11 in one place, in
+both codecs: a request carrying both ``Content-Length`` and ``Transfer-Encoding`` is
+refused (RFC 9112 §6.2: a sender MUST NOT send both; h11 sends both and frames by the
+second).  ``tests/unit/test_codec_verdicts.py`` pins each decided shape.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from typing import Any, NamedTuple, Protocol
 import h11
 
 __all__ = [
+    "BOTH_FRAMINGS",
     "CLOSED",
     "END",
     "NEED_DATA",
@@ -139,6 +149,8 @@ class H11Codec:
             event = h11.Request(method=method, target=target, headers=headers)
         except h11.LocalProtocolError as exc:
             raise LocalCodecError(str(exc)) from exc
+        if _both_framings(headers):  # h11 would send both: we are stricter
+            raise LocalCodecError(BOTH_FRAMINGS)
         return self._send(event)
 
     def data(self, chunk: bytes) -> bytes:
@@ -193,3 +205,20 @@ class H11Codec:
     @property
     def has_trailing_data(self) -> bool:
         return bool(self._h11.trailing_data[0])
+
+
+# -- request rules shared by both codecs ------------------------------------------------
+
+BOTH_FRAMINGS = "Content-Length and Transfer-Encoding in one request (RFC 9112 §6.2)"
+
+
+def _both_framings(headers: list[tuple[bytes, bytes]]) -> bool:
+    """True if the headers carry both ``Content-Length`` and ``Transfer-Encoding``."""
+    length = chunked = False
+    for name, _ in headers:
+        size = len(name)  # compare lengths first: most names are neither
+        if size == 14:
+            length = length or name.lower() == b"content-length"
+        elif size == 17:
+            chunked = chunked or name.lower() == b"transfer-encoding"
+    return length and chunked

@@ -1,13 +1,23 @@
 """The fast HTTP/1.1 codec: llhttp (through httptools) for responses, a direct encoder for
-requests.  Optional: ``pip install 'httpx-bulkhead[fast]'``; see ``_codec.py``."""
+requests.  Optional: ``pip install 'httpx-bulkhead[fast]'``; see ``_codec.py``.
+
+Requests are encoded by h11's rules: a token method, a visible-ASCII target, h11's field
+syntax, exactly one ``Host`` (written first), ``Content-Length`` normalized (equal
+comma-separated or repeated values collapse), only ``Transfer-Encoding: chunked`` (value
+lowercased), and never both framings.  Body bytes are counted against ``Content-Length``:
+one byte too many or too few is a ``LocalCodecError`` before it is written (a surplus would
+reach the server as the start of another request).  HEAD and CONNECT go to h11 whole.
+"""
 
 from __future__ import annotations
 
+import enum
 import re
 from collections import deque
 from typing import Any
 
 from ._codec import (
+    BOTH_FRAMINGS,
     CLOSED,
     END,
     NEED_DATA,
@@ -22,7 +32,39 @@ from ._codec import (
 __all__ = ["HttptoolsCodec"]
 
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+# A field value as h11 writes it: no NUL, CR, LF, VT or FF; no SP/HTAB at either end.
+# Characters h11 refuses anywhere in a field value (it also refuses SP/HTAB at either end).
+_BAD_VALUE = re.compile(rb"[\x00\n\r\x0b\x0c]")
+# The request headers the encoder looks at (by lowercased name); the rest pass through.
+_HOST, _CONTENT_LENGTH, _TRANSFER_ENCODING, _EXPECT, _CONNECTION = range(5)
+_SPECIAL = {
+    b"host": _HOST,
+    b"content-length": _CONTENT_LENGTH,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"expect": _EXPECT,
+    b"connection": _CONNECTION,
+}
+_MAX_LENGTH_DIGITS = 20  # h11's limit on a Content-Length value
+
+
+class _Body(enum.Enum):
+    """The request body being sent."""
+
+    LENGTH = "length"  # counted against Content-Length (0 when there is none)
+    CHUNKED = "chunked"
+    DONE = "done"  # ``end()`` succeeded
+    FAILED = "failed"  # no body may be sent (before a request, after an error)
+
+
+# Reaching an Enum member as a class attribute costs about 0.2 µs on Python 3.11; the hot
+# path compares with these module-level aliases instead.
+_LENGTH_BODY, _CHUNKED_BODY, _BODY_SENT, _NO_BODY = (
+    _Body.LENGTH,
+    _Body.CHUNKED,
+    _Body.DONE,
+    _Body.FAILED,
+)
 
 
 class HttptoolsCodec:
@@ -35,19 +77,19 @@ class HttptoolsCodec:
     """
 
     __slots__ = (
-        "_body_mode",
         "_close_requested",
         "_continue",
-        "_done_sending",
         "_events",
         "_h11",
         "_head_bytes",
         "_headers",
         "_keep",
         "_max_head",
+        "_mode",
         "_parser",
         "_phase",
         "_reason",
+        "_remaining",
         "_trailing",
     )
 
@@ -61,9 +103,9 @@ class HttptoolsCodec:
         self._reason = b""
         self._phase = "idle"  # idle, head (awaiting response), body, done, closed
         self._head_bytes = 0
-        self._body_mode = "none"  # "length", "chunked", "none"
+        self._mode = _NO_BODY
+        self._remaining = 0  # Content-Length bytes still to send
         self._continue = False
-        self._done_sending = True
         self._trailing = False
         self._keep = True  # False when the body was delimited by the end of the stream
         self._close_requested = False  # our request said ``Connection: close``
@@ -73,33 +115,64 @@ class HttptoolsCodec:
     def request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
         if self._phase != "idle":
             raise LocalCodecError("a request is already in progress")
+        self._mode = _NO_BODY
         if method in (b"HEAD", b"CONNECT"):
             self._h11 = H11Codec(self._max_head)
             self._phase = "delegated"
             return self._h11.request(method, target, headers)
-        if not _TOKEN.fullmatch(method) or not target or b" " in target:
+        if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
             raise LocalCodecError("invalid request line")
         parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-        mode = "none"
-        expect = False
-        close = False
+        length: bytes | None = None
+        chunked = expect = close = False
+        hosts = 0
         for name, value in headers:
-            if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+            if (
+                not _TOKEN.fullmatch(name)
+                or _BAD_VALUE.search(value)
+                or value.strip(b" \t") != value  # h11: no whitespace at either end
+            ):
                 raise LocalCodecError(f"illegal header {name!r}")
-            lowered = name.lower()
-            if lowered == b"content-length":
-                mode = "length"
-            elif lowered == b"transfer-encoding" and value.lower() == b"chunked":
-                mode = "chunked"
-            elif lowered == b"expect" and value.lower() == b"100-continue":
-                expect = True
-            elif lowered == b"connection" and b"close" in value.lower():
-                close = True
+            special = _SPECIAL.get(name.lower())
+            if special is None:
+                parts += (name, b": ", value, b"\r\n")
+                continue
+            if special == _HOST:
+                hosts += 1
+                if len(parts) > 4:  # h11 writes Host first (RFC 9110 §7.2 advises it)
+                    parts[4:4] = (name, b": ", value, b"\r\n")
+                    continue
+            elif special == _CONTENT_LENGTH:
+                if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
+                    value = _content_length(value)
+                if length is not None:
+                    if value != length:
+                        raise LocalCodecError("conflicting Content-Length headers")
+                    continue  # a repeated equal value is sent once, as h11 does
+                length = value
+            elif special == _TRANSFER_ENCODING:
+                value = value.lower()
+                if value != b"chunked":
+                    raise LocalCodecError("Only Transfer-Encoding: chunked is supported")
+                if chunked:
+                    raise LocalCodecError("multiple Transfer-Encoding headers")
+                chunked = True
+            elif special == _EXPECT:
+                expect = expect or b"100-continue" in _tokens(value)
+            elif b"close" in value.lower():  # Connection
+                close = close or b"close" in _tokens(value)
             parts += (name, b": ", value, b"\r\n")
+        if hosts != 1:
+            raise LocalCodecError("a request needs exactly one Host header")
+        if chunked:
+            if length is not None:
+                raise LocalCodecError(BOTH_FRAMINGS)
+            self._mode = _CHUNKED_BODY
+        else:
+            self._mode = _LENGTH_BODY
+            self._remaining = 0 if length is None else int(length)
         parts.append(b"\r\n")
-        self._body_mode = mode
         self._continue = expect
-        self._done_sending = False
         self._phase = "head"
         self._head_bytes = 0
         self._keep = True
@@ -109,17 +182,32 @@ class HttptoolsCodec:
     def data(self, chunk: bytes) -> bytes:
         if self._h11 is not None:
             return self._h11.data(chunk)
-        if self._body_mode == "chunked":
-            return b"%x\r\n%s\r\n" % (len(chunk), chunk)
-        if self._body_mode == "length":
+        mode = self._mode
+        if mode is _LENGTH_BODY:
+            self._remaining -= len(chunk)
+            if self._remaining < 0:  # the surplus would be read as another request
+                self._mode = _NO_BODY
+                raise LocalCodecError("Too much data for declared Content-Length")
             return chunk
-        raise LocalCodecError("request body without Content-Length or Transfer-Encoding")
+        if mode is _CHUNKED_BODY:
+            return b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunk else b""
+        raise LocalCodecError("no request body is being sent")
 
     def end(self) -> bytes:
         if self._h11 is not None:
             return self._h11.end()
-        self._done_sending = True
-        return b"0\r\n\r\n" if self._body_mode == "chunked" else b""
+        mode = self._mode
+        self._continue = False  # as with h11: the body is sent, no point waiting
+        if mode is _LENGTH_BODY:
+            if self._remaining:  # the server would wait for the rest
+                self._mode = _NO_BODY
+                raise LocalCodecError("Too little data for declared Content-Length")
+            self._mode = _BODY_SENT
+            return b""
+        if mode is _CHUNKED_BODY:
+            self._mode = _BODY_SENT
+            return b"0\r\n\r\n"
+        raise LocalCodecError("no request body is being sent")
 
     # -- response side -----------------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -197,7 +285,7 @@ class HttptoolsCodec:
             self._h11 = None
             self._phase = "idle" if reusable else "closed"
             return reusable
-        if self._phase != "done" or not self._done_sending or self._trailing:
+        if self._phase != "done" or self._mode is not _BODY_SENT or self._trailing:
             return False
         reusable = self._keep and not self._close_requested
         self._phase = "idle" if reusable else "closed"
@@ -256,6 +344,26 @@ class HttptoolsCodec:
             ):
                 return "framed"
         return "eof"
+
+
+def _content_length(value: bytes) -> bytes:
+    """A request's Content-Length as h11 sends it: equal comma-separated values collapse
+    to one (RFC 9110 §8.6); anything else that is not a decimal number is refused."""
+    if not value.isdigit():
+        values = {part.strip() for part in value.split(b",")}
+        if len(values) != 1:
+            raise LocalCodecError("conflicting Content-Length headers")
+        value = values.pop()
+        if not value.isdigit():
+            raise LocalCodecError("bad Content-Length")
+    if len(value) > _MAX_LENGTH_DIGITS:
+        raise LocalCodecError("bad Content-Length")
+    return value
+
+
+def _tokens(value: bytes) -> list[bytes]:
+    """The comma-separated, case-insensitive tokens of a header value."""
+    return [part.strip() for part in value.lower().split(b",")]
 
 
 class _Fail:
