@@ -20,7 +20,8 @@ refusal; the same events, body bytes, error (its class, not its text) at the sam
 the same reusability.  h11 is the reference.  We are stricter than h11 in one place, in
 both codecs: a request carrying both ``Content-Length`` and ``Transfer-Encoding`` is
 refused (RFC 9112 §6.2: a sender MUST NOT send both; h11 sends both and frames by the
-second).  ``tests/unit/test_codec_verdicts.py`` pins each decided shape.
+second).  ``tests/fuzz`` checks the agreement on generated requests and responses split
+into random reads; ``tests/unit/test_codec_verdicts.py`` pins each decided shape.
 
 Every buffer a peer can grow is bounded by ``max_head``: the head, an incomplete chunk-size
 line and the trailer section (h11's ``max_incomplete_event_size`` is the same number).
