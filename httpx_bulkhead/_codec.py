@@ -3,26 +3,38 @@
 ``HTTP11Connection`` talks to a codec, not to h11 directly, so the parser can be swapped:
 
 * ``H11Codec`` (the default and the reference): h11, pure Python, strict.
-* ``HttptoolsCodec`` (optional, ``pip install 'httpx-bulkhead[fast]'``): llhttp through
-  httptools for responses and a direct encoder for requests; several times cheaper per
-  exchange.  The test suite runs the HTTP/1.1 tests against both.
+* ``HttptoolsCodec`` (``_httptools.py``, optional: ``pip install 'httpx-bulkhead[fast]'``):
+  llhttp through httptools, several times cheaper per exchange.
 
 A codec is pure: it does no I/O and reads no clock.  Events returned by ``next_event``:
 ``NEED_DATA``; a ``Head`` (final response head) or ``Informational`` (1xx); ``bytes`` (body
 data); ``END`` (response complete); ``CLOSED`` (the peer closed before any response);
 ``PAUSED`` (101 or CONNECT: the connection left HTTP).  Malformed input raises
-``CodecError``; misuse of the request side raises ``LocalCodecError``.
+``CodecError`` (from ``next_event``, or from ``feed`` when it can tell at once); misuse of
+the request side raises ``LocalCodecError``.
+
+One verdict
+-----------
+Both codecs must give the same verdict on every input: the same request bytes or the same
+refusal; the same events, body bytes, error (its class, not its text) at the same read, and
+the same reusability.  h11 is the reference.  We are stricter than h11 in one place, in
+both codecs: a request carrying both ``Content-Length`` and ``Transfer-Encoding`` is
+refused (RFC 9112 §6.2: a sender MUST NOT send both; h11 sends both and frames by the
+second).  ``tests/fuzz`` checks the agreement on generated requests and responses split
+into random reads; ``tests/unit/test_codec_verdicts.py`` pins each decided shape.
+
+Every buffer a peer can grow is bounded by ``max_head``: the head, an incomplete chunk-size
+line and the trailer section (h11's ``max_incomplete_event_size`` is the same number).
 """
 
 from __future__ import annotations
 
-import re
-from collections import deque
 from typing import Any, NamedTuple, Protocol
 
 import h11
 
 __all__ = [
+    "BOTH_FRAMINGS",
     "CLOSED",
     "END",
     "NEED_DATA",
@@ -31,7 +43,6 @@ __all__ = [
     "CodecError",
     "H11Codec",
     "Head",
-    "HttptoolsCodec",
     "Informational",
     "LocalCodecError",
     "make_codec",
@@ -116,6 +127,8 @@ class Codec(Protocol):
 def make_codec(name: str, max_head: int) -> Codec:
     """A fresh codec: ``"h11"`` or ``"httptools"``."""
     if name == "httptools":
+        from ._httptools import HttptoolsCodec  # the optional dependency, when chosen
+
         return HttptoolsCodec(max_head)
     return H11Codec(max_head)
 
@@ -140,6 +153,8 @@ class H11Codec:
             event = h11.Request(method=method, target=target, headers=headers)
         except h11.LocalProtocolError as exc:
             raise LocalCodecError(str(exc)) from exc
+        if _both_framings(headers):  # h11 would send both: we are stricter
+            raise LocalCodecError(BOTH_FRAMINGS)
         return self._send(event)
 
     def data(self, chunk: bytes) -> bytes:
@@ -196,247 +211,18 @@ class H11Codec:
         return bool(self._h11.trailing_data[0])
 
 
-# -- the fast codec ---------------------------------------------------------------------
+# -- request rules shared by both codecs ------------------------------------------------
 
-_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(rb"[\x00\r\n]")
-
-
-class HttptoolsCodec:
-    """llhttp (via httptools) for responses, a direct encoder for requests.
-
-    llhttp keeps parsing past the end of a message; anything after our response (or bytes
-    while no request is outstanding) is recorded as trailing data instead of being taken
-    for the next response, and a parse error there does not fail the response we have.
-    llhttp cannot be told a response answers HEAD, so HEAD exchanges use h11.
-    """
-
-    __slots__ = (
-        "_body_mode",
-        "_close_requested",
-        "_continue",
-        "_done_sending",
-        "_events",
-        "_h11",
-        "_head_bytes",
-        "_headers",
-        "_keep",
-        "_max_head",
-        "_parser",
-        "_phase",
-        "_reason",
-        "_trailing",
-    )
-
-    def __init__(self, max_head: int) -> None:
-        import httptools  # an optional dependency: imported only when chosen
-
-        self._max_head = max_head
-        self._parser: Any = httptools.HttpResponseParser(self)
-        self._events: deque[Any] = deque()
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._reason = b""
-        self._phase = "idle"  # idle, head (awaiting response), body, done, closed
-        self._head_bytes = 0
-        self._body_mode = "none"  # "length", "chunked", "none"
-        self._continue = False
-        self._done_sending = True
-        self._trailing = False
-        self._keep = True  # False when the body was delimited by the end of the stream
-        self._close_requested = False  # our request said ``Connection: close``
-        self._h11: H11Codec | None = None  # serves a HEAD exchange
-
-    # -- request side ------------------------------------------------------------------
-    def request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
-        if self._phase != "idle":
-            raise LocalCodecError("a request is already in progress")
-        if method in (b"HEAD", b"CONNECT"):
-            self._h11 = H11Codec(self._max_head)
-            self._phase = "delegated"
-            return self._h11.request(method, target, headers)
-        if not _TOKEN.fullmatch(method) or not target or b" " in target:
-            raise LocalCodecError("invalid request line")
-        parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-        mode = "none"
-        expect = False
-        close = False
-        for name, value in headers:
-            if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
-                raise LocalCodecError(f"illegal header {name!r}")
-            lowered = name.lower()
-            if lowered == b"content-length":
-                mode = "length"
-            elif lowered == b"transfer-encoding" and value.lower() == b"chunked":
-                mode = "chunked"
-            elif lowered == b"expect" and value.lower() == b"100-continue":
-                expect = True
-            elif lowered == b"connection" and b"close" in value.lower():
-                close = True
-            parts += (name, b": ", value, b"\r\n")
-        parts.append(b"\r\n")
-        self._body_mode = mode
-        self._continue = expect
-        self._done_sending = False
-        self._phase = "head"
-        self._head_bytes = 0
-        self._keep = True
-        self._close_requested = close
-        return b"".join(parts)
-
-    def data(self, chunk: bytes) -> bytes:
-        if self._h11 is not None:
-            return self._h11.data(chunk)
-        if self._body_mode == "chunked":
-            return b"%x\r\n%s\r\n" % (len(chunk), chunk)
-        if self._body_mode == "length":
-            return chunk
-        raise LocalCodecError("request body without Content-Length or Transfer-Encoding")
-
-    def end(self) -> bytes:
-        if self._h11 is not None:
-            return self._h11.end()
-        self._done_sending = True
-        return b"0\r\n\r\n" if self._body_mode == "chunked" else b""
-
-    # -- response side -----------------------------------------------------------------
-    def feed(self, data: bytes) -> None:
-        if self._h11 is not None:
-            self._h11.feed(data)
-            return
-        if not data:
-            self._eof()
-            return
-        if self._phase in ("idle", "done", "closed"):
-            self._trailing = True
-            return
-        if self._phase == "head":
-            self._head_bytes += len(data)
-        try:
-            self._parser.feed_data(data)
-        except Exception as exc:  # httptools' HttpParserError and friends
-            self._parse_failed(exc)
-        if self._phase == "head" and self._head_bytes > self._max_head:
-            raise CodecError("response head too long")
-
-    def _parse_failed(self, exc: Exception) -> None:
-        name = type(exc).__name__
-        if self._phase in ("done", "idle"):  # after our response: not ours to report
-            self._trailing = True
-        elif name == "HttpParserUpgrade":
-            self._events.append(PAUSED)
-        elif self._events:  # report it after what was parsed before it, as h11 does
-            self._events.append(_Fail(f"invalid HTTP response: {exc}"))
-            self._phase = "closed"
-        else:
-            raise CodecError(f"invalid HTTP response: {exc}") from exc
-
-    def _eof(self) -> None:
-        if self._phase == "head" and not self._events:
-            self._events.append(CLOSED if self._head_bytes == 0 else _Fail("incomplete head"))
-        elif self._phase == "body":
-            if self._body_mode_of_response() == "eof":
-                self._events.append(END)
-                self._phase = "done"
-                self._keep = False
-            else:
-                self._events.append(_Fail("peer closed connection without sending complete body"))
-        self._phase = "closed" if self._phase != "done" else "done"
-
-    def next_event(self) -> Any:
-        if self._h11 is not None:
-            event = self._h11.next_event()
-            return event
-        if self._events:
-            event = self._events.popleft()
-            kind = type(event)
-            if kind is _Fail:
-                raise CodecError(event.message)
-            if kind is Head or kind is Informational:
-                self._continue = False  # as with h11: cleared once the answer is taken
-            return event
-        return NEED_DATA
-
-    @property
-    def waiting_for_continue(self) -> bool:
-        if self._h11 is not None:
-            return self._h11.waiting_for_continue
-        return self._continue
-
-    @property
-    def awaiting_response(self) -> bool:
-        if self._h11 is not None:
-            return self._h11.awaiting_response
-        return self._phase == "head" and self._head_bytes == 0
-
-    def reuse(self) -> bool:
-        if self._h11 is not None:
-            reusable = self._h11.reuse() and not self._h11.has_trailing_data
-            self._h11 = None
-            self._phase = "idle" if reusable else "closed"
-            return reusable
-        if self._phase != "done" or not self._done_sending or self._trailing:
-            return False
-        reusable = self._keep and not self._close_requested
-        self._phase = "idle" if reusable else "closed"
-        return reusable
-
-    @property
-    def has_trailing_data(self) -> bool:
-        if self._h11 is not None:
-            return self._h11.has_trailing_data
-        return self._trailing
-
-    # -- llhttp callbacks ----------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        if self._phase not in ("head", "body"):
-            self._trailing = True
-        self._headers = []
-        self._reason = b""
-
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        if self._phase != "head":
-            self._trailing = True
-            return
-        status = self._parser.get_status_code()
-        version = self._parser.get_http_version().encode("ascii")
-        if 100 <= status < 200:
-            if status == 101:
-                return  # httptools raises HttpParserUpgrade: reported as PAUSED
-            self._events.append(Informational(status))
-            return
-        self._phase = "body"
-        self._keep = bool(self._parser.should_keep_alive())  # llhttp forgets after the body
-        self._events.append(Head(status, self._headers, version, self._reason))
-
-    def on_body(self, body: bytes) -> None:
-        if self._phase == "body":
-            self._events.append(body)
-
-    def on_message_complete(self) -> None:
-        if self._phase == "body":
-            self._phase = "done"
-            self._events.append(END)
-        elif self._phase != "head":  # a 1xx completes without changing our phase
-            self._trailing = True
-
-    def _body_mode_of_response(self) -> str:
-        for name, value in self._headers:
-            lowered = name.lower()
-            if lowered == b"content-length" or (
-                lowered == b"transfer-encoding" and b"chunked" in value.lower()
-            ):
-                return "framed"
-        return "eof"
+BOTH_FRAMINGS = "Content-Length and Transfer-Encoding in one request (RFC 9112 §6.2)"
 
 
-class _Fail:
-    __slots__ = ("message",)
-
-    def __init__(self, message: str) -> None:
-        self.message = message
+def _both_framings(headers: list[tuple[bytes, bytes]]) -> bool:
+    """True if the headers carry both ``Content-Length`` and ``Transfer-Encoding``."""
+    length = chunked = False
+    for name, _ in headers:
+        size = len(name)  # compare lengths first: most names are neither
+        if size == 14:
+            length = length or name.lower() == b"content-length"
+        elif size == 17:
+            chunked = chunked or name.lower() == b"transfer-encoding"
+    return length and chunked

@@ -15,10 +15,10 @@ from httpx_bulkhead._codec import (
     CodecError,
     H11Codec,
     Head,
-    HttptoolsCodec,
     Informational,
     LocalCodecError,
 )
+from httpx_bulkhead._httptools import HttptoolsCodec
 
 GET = (b"GET", b"/", [(b"Host", b"example.com")])
 HEAD = (b"HEAD", b"/", [(b"Host", b"example.com")])
