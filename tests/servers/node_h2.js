@@ -16,8 +16,11 @@
 // Python side).
 //
 // Data server routes: "/" -> "hello"; "/hold/<name>" -> "released:<name>" once released;
-// "/bytes/<n>" -> n bytes of "x"; anything else -> 404 "not found". Every response has
-// x-session (h2 session number, "h1" for HTTP/1.1) and x-stream-id (h2 only).
+// "/bytes/<n>" -> n bytes of "x"; "/upload" -> "received:<n>" once the whole request body
+// (n bytes) is read; "/status/<code>" -> that status; "/early/<status>" -> that status at
+// once, the request body never read; anything else -> 404 "not found". Every response has
+// x-session (h2 session number, "h1" for HTTP/1.1) and x-stream-id (h2 only). Node answers
+// "expect: 100-continue" with 100 itself (no 'checkContinue' listener).
 "use strict";
 
 const fs = require("fs");
@@ -123,9 +126,20 @@ function respond(req, res, status, body) {
 }
 
 function onRequest(req, res) {
-  req.resume(); // drain any request body
   const path = req.url.split("?")[0];
+  if (path.startsWith("/early/")) return respond(req, res, Number(path.slice(7)), "early");
+  if (path === "/upload") {
+    let received = 0;
+    req.on("data", (chunk) => (received += chunk.length));
+    req.on("end", () => respond(req, res, 200, `received:${received}`));
+    return;
+  }
+  req.resume(); // drain any request body
   if (path === "/") return respond(req, res, 200, "hello");
+  if (path.startsWith("/status/")) {
+    const status = Number(path.slice(8));
+    return respond(req, res, status, `status:${status}`);
+  }
   if (path.startsWith("/bytes/")) return respond(req, res, 200, "x".repeat(Number(path.slice(7))));
   if (path.startsWith("/hold/") && path.length > 6) {
     const name = decodeURIComponent(path.slice(6));
