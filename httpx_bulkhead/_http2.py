@@ -4,27 +4,43 @@ Theory of operation
 -------------------
 On HTTP/2 a request borrows a *stream*; the connection carries up to ``cap`` of them, where
 ``cap = min(peer's SETTINGS_MAX_CONCURRENT_STREAMS, our max_streams_per_connection)``
-(RFC 9113 §5.1.2).  The cap is one stream until the peer's first SETTINGS frame arrives, and
-follows the peer whenever it changes: every change is reported to the pool (``on_cap``),
-which admits new streams only below it, so a lowered cap lets streams in flight finish and a
-raised one wakes waiters at once.
+(RFC 9113 §5.1.2).  The cap is one stream until the peer's first SETTINGS
+frame arrives, and follows the peer whenever it changes: every change is reported to the
+pool (``on_cap``), which admits new streams only below it, so a lowered cap lets streams in
+flight finish and a raised one wakes waiters at once.
 
 There is no background task (a transport owns no task group).  The task that needs the next
 frame becomes the *reader* if nobody is reading; the others sleep on their own wake-up event.
 The reader dispatches every frame it reads to the stream it belongs to and wakes that stream;
 when it stops reading (it got what it wanted, was cancelled or timed out) it wakes one sleeper
 to take over.  So a stream is never stuck behind another stream's read, and one stream's
-timeout or cancellation costs only that stream.
+timeout or cancellation costs only that stream.  Every wait (for a response, for send
+window) is a ``wait_until(condition)``: it ends when the condition
+holds, the connection breaks (every sleeper is woken) or its own deadline passes, and the
+conditions include the stream's *fate* (reset, refused, answered), so no wait outlives it.
+
+``_streams`` holds exactly the streams h2 counts as open (not closed), so our count, h2's
+and the pool's agree: a stream leaves it when both sides have ended it, when either side
+resets it, or when a GOAWAY refuses it (we then reset it in h2 too, which h2 needs to stop
+counting it; the server ignores frames on streams it refused, §6.8).
+
+Uploads (§8.1): informational (1xx) responses do not stop a request body.  A final response
+of 300 or more, or a complete response, does (the server does not want the rest; a 2xx that
+is still being sent may be a full-duplex exchange, as Go's transport assumes), and so do a
+reset, a GOAWAY that refuses the stream and a broken connection.  A stream whose upload
+stopped early is reset (RST_STREAM CANCEL) once its response has been read, so neither side
+counts it open afterwards.
 
 State stays known when a stream is cut: the stream is reset (RST_STREAM CANCEL) and the
-connection goes on serving others.  Only connection-level failures (read/write error,
-protocol error, unanswered PING) break it, failing its streams with the matching httpx error.
-Writes are serialized by a lock and shielded from cancellation (a half-written frame would
-corrupt the connection for every stream); they are bounded by a timeout instead.
+connection goes on serving others.  A reset by the peer fails that stream only.  Only
+connection-level failures (read/write error, protocol error, unanswered PING) break the
+connection, failing its streams with the matching httpx error.  Writes are serialized by a
+lock and shielded from cancellation (a half-written frame would corrupt the connection for
+every stream); they are bounded by a timeout instead.
 
-GOAWAY (RFC 9113 §6.8): no new stream; streams above ``last_stream_id`` were not processed
-and fail with ``Refused`` (the compartment replays them on another connection); the others
-finish; the pool closes the connection when its last stream ends.
+GOAWAY (§6.8): no new stream; streams above ``last_stream_id`` were not processed and fail
+with ``Refused`` (the compartment replays them on another connection); the others finish;
+the pool closes the connection when its last stream ends.  REFUSED_STREAM (§8.7) likewise.
 """
 
 from __future__ import annotations
@@ -65,6 +81,10 @@ __all__ = ["DEFAULT_PEER_STREAMS", "HTTP2Connection"]
 #: Streams allowed when the peer's SETTINGS do not mention SETTINGS_MAX_CONCURRENT_STREAMS
 #: (unlimited by the RFC; 100 is the floor it recommends servers to allow).
 DEFAULT_PEER_STREAMS = 100
+#: Each stream's receive window: the protocol's initial one, which we do not raise (some
+#: servers, hypercorn among them, do not apply a larger SETTINGS_INITIAL_WINDOW_SIZE to the
+#: streams they send on); h2 grants it again as the body is consumed.
+STREAM_WINDOW = 65_535
 #: Our connection-level receive window: large, so concurrent downloads do not stall on
 #: WINDOW_UPDATE round trips.
 RECEIVE_WINDOW = 2**24
@@ -80,6 +100,9 @@ _NO_TIMEOUTS = Timeouts(None, None, None)
 _CONNECTION_HEADERS = frozenset(
     {b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
 )
+
+_ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
+_CANCEL = h2.errors.ErrorCodes.CANCEL
 
 
 class _Sleeper:
@@ -105,7 +128,8 @@ class ConnectionListener:
         del conn
 
     def on_reset(self, conn: HTTP2Connection) -> None:
-        """We reset one of ``conn``'s streams (the request was cancelled or timed out)."""
+        """We reset one of ``conn``'s streams (cut by a cancellation or timeout, stopped
+        early, or malformed)."""
         del conn
 
 
@@ -133,6 +157,7 @@ class HTTP2Connection(PoolEntry):
         self._ping_timeout = ping_timeout
         self._streams: dict[int, H2Stream] = {}
         self._sleepers: OrderedDict[_Sleeper, None] = OrderedDict()
+        self._window_waiters: dict[H2Stream, None] = {}
         self._reading = False
         self._write_lock = anyio.Lock()
         self._broken: tuple[type[httpx.TransportError], str] | None = None
@@ -148,12 +173,10 @@ class HTTP2Connection(PoolEntry):
         settings.enable_push = 0
         settings.max_concurrent_streams = 100
         settings.max_header_list_size = 64 * 1024
-        # The stream window stays at the protocol's 65,535 bytes (some servers, hypercorn
-        # among them, do not apply a larger SETTINGS_INITIAL_WINDOW_SIZE to the streams they
-        # send on); h2 grants more as the body is consumed.  The connection window is
-        # raised at once so concurrent streams do not starve each other.
+        # The connection window is raised at once so concurrent streams do not starve
+        # each other (stream windows stay at STREAM_WINDOW).
         self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(RECEIVE_WINDOW - 65535)
+        self._h2.increment_flow_control_window(RECEIVE_WINDOW - STREAM_WINDOW)
         await self._flush(request, Timeouts(None, timeout, None))
 
     # -- the Connection protocol -----------------------------------------------------------
@@ -214,6 +237,12 @@ class HTTP2Connection(PoolEntry):
                     self._break(type(exc), str(exc))
                     raise
 
+    async def _flush_quietly(self) -> None:
+        """Flush frames that serve no request in particular (resets, acks): a failure only
+        breaks the connection, for its streams to report."""
+        with contextlib.suppress(httpx.TransportError):
+            await self._flush(_INTERNAL, _NO_TIMEOUTS)
+
     # -- reading -------------------------------------------------------------------------
     async def wait_until(self, sleeper: _Sleeper, ready: Callable[[], bool]) -> None:
         """Return once ``ready()`` holds, reading frames as the reader when nobody else is.
@@ -252,6 +281,12 @@ class HTTP2Connection(PoolEntry):
             self._break(httpx.RemoteProtocolError, "Server disconnected.")
             return
         self.last_frame_at = time.monotonic()
+        self._receive(data)
+        if self.pending_output():  # SETTINGS acks, window updates, PING answers, resets
+            await self._flush_quietly()
+
+    def _receive(self, data: bytes) -> None:
+        """Hand ``data`` to h2 (GOAWAYs taken out first, see ``_h2frames``), dispatch."""
         try:
             data, goaways = self._frames.feed(data)
         except FrameSizeError as exc:
@@ -266,51 +301,56 @@ class HTTP2Connection(PoolEntry):
             self._dispatch(event)
         for goaway in goaways:
             self._goaway(goaway.last_stream_id)
-        if self.pending_output():  # SETTINGS acks, window updates, PING answers
-            with contextlib.suppress(httpx.TransportError):  # _flush broke the connection
-                await self._flush(_INTERNAL, _NO_TIMEOUTS)
 
     def _dispatch(self, event: h2.events.Event) -> None:
-        stream_id = getattr(event, "stream_id", 0) or 0
-        stream = self._streams.get(stream_id)
-        if isinstance(
-            event,
-            h2.events.ResponseReceived
-            | h2.events.DataReceived
-            | h2.events.StreamEnded
-            | h2.events.TrailersReceived
-            | h2.events.InformationalResponseReceived,
-        ):
+        if isinstance(event, _ACTIVE):
+            stream = self._streams.get(event.stream_id)
             if stream is None:  # a stream we reset: give the connection window back
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
-                    self._ack(event.flow_controlled_length, stream_id)
+                    self._ack(event.flow_controlled_length, event.stream_id)
                 return
+            if isinstance(event, h2.events.ResponseReceived):
+                stream.head = _response_head(event.headers, stream.stream_id)
+                stream.status = stream.head.status
+            elif isinstance(event, h2.events.StreamEnded):
+                stream.remote_ended = True
+                if stream.sent_end:  # closed on both sides
+                    self._forget(stream)
             stream.events.append(event)
             self._wake(stream)
-        elif isinstance(event, h2.events.StreamReset):
-            if stream is not None:
-                if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
-                    stream.refused = True
-                else:
-                    stream.reset_code = int(event.error_code or 0)
-                self._wake(stream)
         elif isinstance(event, h2.events.WindowUpdated):
-            targets = list(self._streams.values()) if stream is None else [stream]
-            for target in targets:
-                if target.wants_window:
-                    self._wake(target)
+            if event.stream_id:
+                waiter = self._streams.get(event.stream_id)
+                if waiter is not None and waiter in self._window_waiters:
+                    self._wake(waiter)
+            else:
+                for waiter in list(self._window_waiters):
+                    self._wake(waiter)
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self._streams.get(event.stream_id)
+            if stream is not None:
+                self._forget(stream)
+                if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
+                    stream.refused = True  # not processed (RFC 9113 §8.7): replayable
+                else:
+                    stream.received_any = True  # answered, with a reset: not a stale connection
+                    stream.error = f"stream reset by the server (error code {event.error_code})"
+                self._wake(stream)
+        elif isinstance(event, h2.events.InformationalResponseReceived):
+            stream = self._streams.get(event.stream_id)
+            if stream is not None:
+                stream.received_any = True  # 1xx: the response is still to come (§8.1)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_changed(event)
-        elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
-            self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
         elif isinstance(event, h2.events.PingAckReceived) and self._pong is not None:
             pong, self._pong = self._pong, None
             self._wake(pong)
+        elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
+            self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
 
     def _settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         codes = h2.settings.SettingCodes
         changed = event.changed_settings
-        window_change = codes.INITIAL_WINDOW_SIZE in changed
         if codes.MAX_CONCURRENT_STREAMS in changed or not self._got_settings:
             self._got_settings = True
             peer = (
@@ -320,19 +360,30 @@ class HTTP2Connection(PoolEntry):
             )
             cap = peer if self._max_streams is None else min(peer, self._max_streams)
             self._listener.on_cap(self, cap)
-        if window_change:
-            for stream in list(self._streams.values()):
-                if stream.wants_window:
-                    self._wake(stream)
+        if codes.INITIAL_WINDOW_SIZE in changed:
+            for waiter in list(self._window_waiters):
+                self._wake(waiter)
 
     def _goaway(self, last: int) -> None:
         """GOAWAY (RFC 9113 §6.8): streams above ``last`` were not processed; the others
         may finish.  The pool stops giving out streams on this connection (``on_goaway``)."""
-        for stream_id, stream in self._streams.items():
+        for stream_id, stream in list(self._streams.items()):
             if stream_id > last:
                 stream.refused = True  # never processed: safe to replay elsewhere
+                self._close_stream(stream)
                 self._wake(stream)
         self._listener.on_goaway(self)
+
+    def _forget(self, stream: H2Stream) -> None:
+        """h2 has closed ``stream``."""
+        self._streams.pop(stream.stream_id, None)
+        stream.live = False
+
+    def _close_stream(self, stream: H2Stream, code: int = _CANCEL) -> None:
+        """Reset ``stream`` (the frame is queued) and forget it."""
+        self._forget(stream)
+        with contextlib.suppress(h2.exceptions.ProtocolError):  # closed or connection gone
+            self._h2.reset_stream(stream.stream_id, code)
 
     def _wake(self, sleeper: _Sleeper) -> None:
         self._sleepers.pop(sleeper, None)
@@ -350,7 +401,7 @@ class HTTP2Connection(PoolEntry):
             raise kind(message, request=request)
 
     def _ack(self, size: int, stream_id: int) -> None:
-        # If the stream is already gone, h2 has credited the connection window itself.
+        # If the stream is already gone, h2 credits the connection window only.
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.acknowledge_received_data(size, stream_id)
 
@@ -374,13 +425,17 @@ class H2Stream(_Sleeper):
     __slots__ = (
         "conn",
         "ended",
+        "error",
         "events",
+        "head",
+        "live",
         "received_any",
         "refused",
-        "reset_code",
+        "remote_ended",
         "reused",
+        "sent_end",
+        "status",
         "stream_id",
-        "wants_window",
         "wrote_any",
     )
 
@@ -392,16 +447,21 @@ class H2Stream(_Sleeper):
         self.events: deque[h2.events.Event] = deque()
         self.received_any = False
         self.wrote_any = False
-        self.refused = False
-        self.reset_code: int | None = None
-        self.ended = False
-        self.wants_window = False
+        self.live = False  # h2 has it open (it is in ``conn._streams``)
+        self.sent_end = False  # we sent END_STREAM
+        self.remote_ended = False  # the server sent END_STREAM
+        self.ended = False  # the response was read to its end
+        self.refused = False  # not processed by the server: may be replayed
+        self.error: str | None = None  # a reset or a malformed response: the request fails
+        self.status = 0  # of the final response, once it arrived
+        self.head: ResponseHead | None = None
 
     # -- sending -------------------------------------------------------------------------
     async def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
     ) -> ResponseHead:
         conn, h2c = self.conn, self.conn._h2
+        headers = _request_headers(request)
         conn._raise_if_broken(request)
         if conn.draining:
             raise Refused()
@@ -409,12 +469,17 @@ class H2Stream(_Sleeper):
         await emit(trace, "http2.send_request_headers.started", {"request": request})
         try:
             self.stream_id = h2c.get_next_available_stream_id()
-            h2c.send_headers(self.stream_id, _request_headers(request), end_stream=not has_body)
+            h2c.send_headers(self.stream_id, headers, end_stream=not has_body)
         except h2.exceptions.TooManyStreamsError:
             raise Refused() from None  # the peer lowered its cap after we were admitted
+        except h2.exceptions.NoAvailableStreamIDError:
+            conn._listener.on_goaway(conn)  # stream ids used up: drain, like a GOAWAY
+            raise Refused() from None
         except h2.exceptions.ProtocolError as exc:
             raise httpx.LocalProtocolError(str(exc), request=request) from exc
         conn._streams[self.stream_id] = self
+        self.live = True
+        self.sent_end = not has_body
         await conn._flush(request, timeouts)
         self.wrote_any = True
         await emit(trace, "http2.send_request_headers.complete", {"stream_id": self.stream_id})
@@ -426,12 +491,11 @@ class H2Stream(_Sleeper):
         while True:
             event = await self._next_event(request, timeouts)
             if isinstance(event, h2.events.ResponseReceived):
-                head = _response_head(event.headers, self.stream_id)
+                head = self.head
+                assert head is not None
                 await emit(trace, "http2.receive_response_headers.complete", {"status": head[0]})
                 return head
-            if isinstance(event, h2.events.StreamEnded):  # pragma: no cover - h2 forbids it
-                raise httpx.RemoteProtocolError("stream ended without a response", request=request)
-            # InformationalResponseReceived (1xx): keep reading.
+            # h2 delivers nothing else before the final response.
 
     async def _send_body(self, request: httpx.Request, timeouts: Timeouts) -> None:
         stream = request.stream
@@ -441,35 +505,29 @@ class H2Stream(_Sleeper):
         async with body_chunks(stream) as chunks:
             async for chunk in chunks:
                 if not await self._send_chunk(memoryview(chunk), request, timeouts):
-                    return  # the server answered (or gave up) early: stop sending
-        h2c = conn._h2
-        try:
-            h2c.end_stream(self.stream_id)
+                    return  # stopped early: the stream is reset once the response is read
+        if not self.live:
+            return
+        try:  # the whole body went: close our side cleanly, even if answered already
+            conn._h2.end_stream(self.stream_id)
         except h2.exceptions.StreamClosedError:
             return
+        self.sent_end = True
+        if self.remote_ended:
+            conn._forget(self)
         await conn._flush(request, timeouts)
 
     async def _send_chunk(
         self, data: memoryview, request: httpx.Request, timeouts: Timeouts
     ) -> bool:
-        """Send ``data`` as flow control allows; False if the stream stopped taking data."""
+        """Send ``data`` as flow control allows; False if the upload must stop."""
         conn, h2c = self.conn, self.conn._h2
         while data:
-            if self.events or self.refused or self.reset_code is not None:
+            if self._stop_upload():
                 return False
             window = self._window()
             if window <= 0:
-                self.wants_window = True
-                try:
-                    await run_waiting(
-                        conn.wait_until(self, lambda: self._window() > 0 or bool(self.events)),
-                        "write",
-                        timeouts.write,
-                        request,
-                        timeouts,
-                    )
-                finally:
-                    self.wants_window = False
+                await self._wait_for_window(request, timeouts)
                 continue
             piece, data = data[:window], data[window:]
             try:
@@ -478,6 +536,23 @@ class H2Stream(_Sleeper):
                 return False
             await conn._flush(request, timeouts)
         return True
+
+    def _stop_upload(self) -> bool:
+        """The request body must not go on (see the module docstring, "Uploads")."""
+        return not self.live or self.status >= 300 or self.remote_ended
+
+    async def _wait_for_window(self, request: httpx.Request, timeouts: Timeouts) -> None:
+        conn = self.conn
+        conn._window_waiters[self] = None
+        try:
+            await run_waiting(
+                conn.wait_until(self, self._can_send), "write", timeouts.write, request, timeouts
+            )
+        finally:
+            conn._window_waiters.pop(self, None)
+
+    def _can_send(self) -> bool:
+        return self._window() > 0 or self._stop_upload()
 
     def _window(self) -> int:
         h2c = self.conn._h2
@@ -498,8 +573,8 @@ class H2Stream(_Sleeper):
                         await self.conn._flush(request, timeouts)
                 if event.data:
                     return bytes(event.data)
-            elif isinstance(event, h2.events.StreamEnded):
-                self._end()
+            elif isinstance(event, h2.events.StreamEnded) and self._end():
+                await self.conn._flush_quietly()  # the reset of our side
         return None
 
     async def _next_event(self, request: httpx.Request, timeouts: Timeouts) -> h2.events.Event:
@@ -511,31 +586,35 @@ class H2Stream(_Sleeper):
                     conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
                 )
         except httpx.TransportError as exc:
-            if self.events or self.refused or self.reset_code is not None:
+            if ready():
                 pass  # our outcome arrived with the failure: report that instead
             elif conn.broken:
                 conn._raise_if_broken(request)
             else:
                 raise exc
         if self.refused:
-            raise Refused()
+            raise Refused(elsewhere=not conn.draining)  # REFUSED_STREAM: try another
         if self.events:
             self.received_any = True
             return self.events.popleft()
-        if self.reset_code is not None:
-            self.received_any = True  # the server answered (with a reset): not a stale connection
-            raise httpx.RemoteProtocolError(
-                f"stream reset by the server (error code {self.reset_code})", request=request
-            )
+        if self.error is not None:
+            raise httpx.RemoteProtocolError(self.error, request=request)
         conn._raise_if_broken(request)
         raise AssertionError("woken with nothing to report")  # pragma: no cover
 
     def _ready(self) -> bool:
-        return bool(self.events) or self.refused or self.reset_code is not None
+        return bool(self.events) or self.refused or self.error is not None
 
-    def _end(self) -> None:
+    def _end(self) -> bool:
+        """The response was read to its end.  True if our side had to be reset (a reset
+        frame is queued): the upload stopped early, so neither side counts the stream
+        open any longer (RFC 9113 §8.1)."""
         self.ended = True
-        self.conn._streams.pop(self.stream_id, None)
+        if self.live:
+            self.conn._close_stream(self)
+            self.conn._listener.on_reset(self.conn)
+            return True
+        return False
 
     # -- ending ----------------------------------------------------------------------------
     def finish_buffered(self) -> bool:
@@ -559,17 +638,13 @@ class H2Stream(_Sleeper):
             return Discard.ERROR if reason is Discard.UNKNOWN_STATE else reason
         if self.stream_id and not self.ended:
             self.ended = True
-            conn._streams.pop(self.stream_id, None)
             for event in self.events:  # return unread data's window
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                     conn._ack(event.flow_controlled_length, self.stream_id)
             self.events.clear()
-            if not self.refused and self.reset_code is None:
-                try:
-                    conn._h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
-                    conn._listener.on_reset(conn)
-                except h2.exceptions.ProtocolError:
-                    pass  # already closed on the peer's side
+            if self.live:
+                conn._close_stream(self)
+                conn._listener.on_reset(conn)
         return None
 
     async def abandon(self, exc: BaseException) -> Discard | None:

