@@ -15,7 +15,7 @@ The reader dispatches every frame it reads to the stream it belongs to and wakes
 when it stops reading (it got what it wanted, was cancelled or timed out) it wakes one sleeper
 to take over.  So a stream is never stuck behind another stream's read, and one stream's
 timeout or cancellation costs only that stream.  Every wait (for a response, for send
-window) is a ``wait_until(condition)``: it ends when the condition
+window, for a PING's verdict) is a ``wait_until(condition)``: it ends when the condition
 holds, the connection breaks (every sleeper is woken) or its own deadline passes, and the
 conditions include the stream's *fate* (reset, refused, answered), so no wait outlives it.
 
@@ -41,6 +41,11 @@ every stream); they are bounded by a timeout instead.
 GOAWAY (§6.8): no new stream; streams above ``last_stream_id`` were not processed and fail
 with ``Refused`` (the compartment replays them on another connection); the others finish;
 the pool closes the connection when its last stream ends.  REFUSED_STREAM (§8.7) likewise.
+
+PING health check: a connection silent for ``ping_after`` is checked before reuse.  While
+the PING is in flight, requests given the connection wait for the verdict before sending
+anything; if the PING goes unanswered they are ``Refused`` (nothing was sent) and go
+elsewhere.  Only an ACK carrying our 8 bytes answers it (§6.7).
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ STREAM_WINDOW = 65_535
 #: WINDOW_UPDATE round trips.
 RECEIVE_WINDOW = 2**24
 READ_SIZE = 65536
+#: How much longer than a PING check's owner the requests waiting on its verdict wait.
+PING_GRACE = 0.05
 #: Longest a shielded write may take when httpx gives no write timeout.
 MAX_SHIELDED_WRITE = 60.0
 
@@ -106,7 +113,7 @@ _CANCEL = h2.errors.ErrorCodes.CANCEL
 
 
 class _Sleeper:
-    """Something that waits for the connection: a stream, or a PING."""
+    """Something that waits for the connection: a stream, or a PING check."""
 
     __slots__ = ("wakeup",)
 
@@ -162,7 +169,9 @@ class HTTP2Connection(PoolEntry):
         self._write_lock = anyio.Lock()
         self._broken: tuple[type[httpx.TransportError], str] | None = None
         self._got_settings = False
-        self._pong: _Sleeper | None = None
+        self._ping_payload: bytes | None = None  # a health-check PING in flight
+        self._ping_deadline = 0.0
+        self._pong_waiters: dict[_Sleeper, None] = {}
         self._frames = FrameSplitter()
         self.last_frame_at = time.monotonic()
 
@@ -196,8 +205,7 @@ class HTTP2Connection(PoolEntry):
             return Discard.NOT_REUSABLE
         silent = time.monotonic() - self.last_frame_at
         due = self._ping_after is not None and silent >= self._ping_after
-        if due and not await self._ping():
-            self._break(httpx.ReadTimeout, "PING not answered in time")
+        if (due or self._ping_payload is not None) and not await self._ping():
             return Discard.PING_TIMEOUT
         return None
 
@@ -342,9 +350,11 @@ class HTTP2Connection(PoolEntry):
                 stream.received_any = True  # 1xx: the response is still to come (§8.1)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_changed(event)
-        elif isinstance(event, h2.events.PingAckReceived) and self._pong is not None:
-            pong, self._pong = self._pong, None
-            self._wake(pong)
+        elif isinstance(event, h2.events.PingAckReceived):
+            if self._ping_payload is not None and event.ping_data == self._ping_payload:
+                self._ping_payload = None  # only our own 8 bytes answer it (§6.7)
+                for pong in list(self._pong_waiters):
+                    self._wake(pong)
         elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
             self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
 
@@ -405,18 +415,43 @@ class HTTP2Connection(PoolEntry):
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.acknowledge_received_data(size, stream_id)
 
+    # -- the PING health check -----------------------------------------------------------
     async def _ping(self) -> bool:
-        pong = _Sleeper()
-        self._pong = pong
-        self._h2.ping(os.urandom(8))
-        with anyio.move_on_after(self._ping_timeout):
+        """Send a PING (unless one is in flight) and wait for its verdict: whether it was
+        answered within ``ping_timeout``.  An unanswered PING breaks the connection."""
+        if self._ping_payload is None and self._broken is None:
+            payload = os.urandom(8)
+            try:
+                self._h2.ping(payload)
+            except h2.exceptions.ProtocolError:
+                return False
+            self._ping_payload = payload
+            self._ping_deadline = time.monotonic() + self._ping_timeout
             try:
                 await self._flush(_INTERNAL, Timeouts(None, self._ping_timeout, None))
-                await self.wait_until(pong, lambda: self._pong is not pong)
             except httpx.TransportError:
                 return False
-            return True
-        return False
+        return await self._ping_verdict(0.0)
+
+    async def _ping_verdict(self, grace: float) -> bool:
+        """Wait until the PING in flight is answered (True) or not in time (False).  The
+        check's owner waits with ``grace=0``; requests that came while it was in flight
+        wait a little longer, so that when the owner is there, the verdict is its own (and
+        so is the connection's discard reason)."""
+        waiter = _Sleeper()
+        self._pong_waiters[waiter] = None
+        try:
+            deadline = self._ping_deadline + grace
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await self.wait_until(waiter, lambda: self._ping_payload is None)
+                return True
+        except httpx.TransportError:
+            return False
+        finally:
+            del self._pong_waiters[waiter]
+        if self._ping_payload is not None:  # nobody answered in time
+            self._break(httpx.ReadTimeout, "PING not answered in time")
+        return self._ping_payload is None and self._broken is None
 
 
 class H2Stream(_Sleeper):
@@ -461,6 +496,8 @@ class H2Stream(_Sleeper):
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
     ) -> ResponseHead:
         conn, h2c = self.conn, self.conn._h2
+        if conn._ping_payload is not None and not await conn._ping_verdict(PING_GRACE):
+            raise Refused()  # nothing was sent on the dead connection: go elsewhere
         headers = _request_headers(request)
         conn._raise_if_broken(request)
         if conn.draining:

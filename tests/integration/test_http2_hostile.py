@@ -156,3 +156,41 @@ async def test_refused_streams_are_forgotten_and_replayed_on_another_connection(
             (refused_on, first), (answered_on, second) = attempts
             assert (first, second) == (h2.errors.ErrorCodes.REFUSED_STREAM, None)
             assert refused_on != answered_on  # replayed on another connection
+
+
+# -- 5. the PING health check ------------------------------------------------------------
+
+
+async def test_requests_arriving_during_a_ping_check_wait_for_its_verdict() -> None:
+    with h2script.serve() as srv:
+        transport = h2c(ping_after=0.0, ping_timeout=1.0)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            await client.get(f"{srv.url}/")
+            srv.mute()  # the connection's peer is now dead (reads, never answers)
+            await srv.until_event("muted")
+            statuses: list[int] = []
+
+            async def call() -> None:
+                statuses.append((await client.get(f"{srv.url}/")).status_code)
+
+            with anyio.fail_after(HANG):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)  # its checkout sends the PING
+                    await srv.until_event("ping-received")
+                    for _ in range(4):  # they arrive while the PING is in flight
+                        tg.start_soon(call)
+            assert statuses == [200] * 5  # nothing was sent for them on the dead connection
+            s = transport.statistics()[srv.url]
+            assert s.ping_timeouts == 1 and s.failed == 0
+        assert [st.conn for st in srv.streams].count(0) == 1  # the first request only
+
+
+async def test_a_ping_ack_with_another_payload_is_no_answer() -> None:
+    with H2ScriptServer(wrong_ping_acks=True) as srv:
+        transport = h2c(ping_after=0.0, ping_timeout=0.3)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            await client.get(f"{srv.url}/")
+            second = await client.get(f"{srv.url}/")
+            assert not second.extensions["bulkhead"].reused
+            s = transport.statistics()[srv.url]
+            assert s.ping_timeouts == 1 and s.connections_created == 2
