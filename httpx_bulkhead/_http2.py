@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, Callable
@@ -107,6 +108,17 @@ _NO_TIMEOUTS = Timeouts(None, None, None)
 _CONNECTION_HEADERS = frozenset(
     {b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
 )
+#: RFC 9110 §5.1 field names (a token), lowercased as HTTP/2 requires (RFC 9113 §8.2.1).
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
+#: RFC 9113 §8.2.1: a field value must not contain NUL, CR or LF.
+_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+#: Nor may ``:authority`` or ``:path`` contain controls or spaces (a request line built
+#: from them by an HTTP/1.1 hop would be split).
+_BAD_PSEUDO = re.compile(rb"[\x00-\x20\x7f]")
+#: Names and methods already found valid (no values: they may be secrets).
+_GOOD_NAMES: set[bytes] = set()
+_GOOD_METHODS: dict[str, bytes] = {}
+_CACHE_LIMIT = 1024
 
 _ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
 _CANCEL = h2.errors.ErrorCodes.CANCEL
@@ -695,23 +707,63 @@ class H2Stream(_Sleeper):
 
 
 def _request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
+    """The request's HTTP/2 header list, refusing what could inject a header or a request
+    when a hop turns it back into HTTP/1.1 (RFC 9113 §8.2.1, §8.3.1).
+
+    Raises:
+        httpx.LocalProtocolError: before anything is sent.
+    """
     url = request.url
-    authority = request.headers.get("host", url.netloc.decode("ascii")).encode("ascii")
-    target: bytes = request.extensions.get("target", url.raw_path)
-    headers = [
-        (b":method", request.method.encode("ascii")),
-        (b":authority", authority),
-        (b":scheme", url.raw_scheme),
-        (b":path", target),
-    ]
+    method = _GOOD_METHODS.get(request.method)
+    if method is None:
+        method = _check_method(request)
+    authority: bytes = url.netloc
+    target: Any = request.extensions.get("target", url.raw_path)
+    headers: list[tuple[bytes, bytes]] = []
+    values = []
     for name, value in request.headers.raw:
         lowered = name.lower()
+        if lowered not in _GOOD_NAMES:
+            _check_name(lowered, request)
         if lowered in _CONNECTION_HEADERS:
+            if lowered == b"host":
+                authority = value
             continue
         if lowered == b"te" and value.lower() != b"trailers":
             continue
         headers.append((lowered, value))
-    return headers
+        values.append(value)
+    if not isinstance(target, bytes):
+        raise httpx.LocalProtocolError("the 'target' extension must be bytes", request=request)
+    if _BAD_PSEUDO.search(authority) or _BAD_PSEUDO.search(target):
+        raise httpx.LocalProtocolError(
+            "invalid character in the request target or Host", request=request
+        )
+    if _BAD_VALUE.search(b"".join(values)):
+        name = next(n for n, v in headers if _BAD_VALUE.search(v))
+        raise httpx.LocalProtocolError(
+            f"invalid character (CR, LF or NUL) in header {name.decode('ascii')!r}",
+            request=request,
+        )
+    pseudo = [(b":method", method), (b":authority", authority), (b":scheme", url.raw_scheme)]
+    pseudo.append((b":path", target))
+    return pseudo + headers
+
+
+def _check_name(name: bytes, request: httpx.Request) -> None:
+    if _FIELD_NAME.fullmatch(name) is None:
+        raise httpx.LocalProtocolError(f"invalid header name {name!r}", request=request)
+    if len(_GOOD_NAMES) < _CACHE_LIMIT:
+        _GOOD_NAMES.add(name)
+
+
+def _check_method(request: httpx.Request) -> bytes:
+    method = request.method.encode("ascii", "replace")
+    if _FIELD_NAME.fullmatch(method.lower()) is None:  # a token (RFC 9110 §9.1)
+        raise httpx.LocalProtocolError(f"invalid method {request.method!r}", request=request)
+    if len(_GOOD_METHODS) < _CACHE_LIMIT:
+        _GOOD_METHODS[request.method] = method
+    return method
 
 
 def _response_head(raw: Any, stream_id: int) -> ResponseHead:

@@ -194,3 +194,37 @@ async def test_a_ping_ack_with_another_payload_is_no_answer() -> None:
             assert not second.extensions["bulkhead"].reused
             s = transport.statistics()[srv.url]
             assert s.ping_timeouts == 1 and s.connections_created == 2
+
+
+# -- 6. header injection ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "extensions"),
+    [
+        ({"x-a": "1\r\nx-injected: 1"}, {}),
+        ({"x-a": "1\nx"}, {}),
+        ({"x-a": "1\x00"}, {}),
+        ({"x a": "1"}, {}),
+        ({"x:a": "1"}, {}),
+        ({"host": "example.com\r\nx-injected: 1"}, {}),
+        ({}, {"target": b"/a\r\nx-injected: 1"}),
+        ({}, {"target": b"/a b"}),
+        ({}, {"target": b"/a\x00"}),
+    ],
+)
+async def test_header_injection_is_refused_before_anything_is_sent(
+    headers: dict[str, str], extensions: dict[str, object]
+) -> None:
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            request = client.build_request("GET", f"{srv.url}/", headers=headers)
+            request.extensions.update(extensions)
+            with pytest.raises(httpx.LocalProtocolError):
+                await client.send(request)
+            s = transport.statistics()[srv.url]
+            assert (s.running, s.failed, s.open_streams) == (0, 1, 0)
+            ok = await client.get(f"{srv.url}/")
+            assert ok.status_code == 200
+        assert len(srv.streams) == 1  # only the good request reached the server
