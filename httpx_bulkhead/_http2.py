@@ -32,11 +32,13 @@ stopped early is reset (RST_STREAM CANCEL) once its response has been read, so n
 counts it open afterwards.
 
 State stays known when a stream is cut: the stream is reset (RST_STREAM CANCEL) and the
-connection goes on serving others.  A reset by the peer fails that stream only.  Only
-connection-level failures (read/write error, protocol error, unanswered PING) break the
-connection, failing its streams with the matching httpx error.  Writes are serialized by a
-lock and shielded from cancellation (a half-written frame would corrupt the connection for
-every stream); they are bounded by a timeout instead.
+connection goes on serving others.  Stream errors stay stream errors: a reset by the peer,
+or a response body that contradicts its content-length (§8.1.1, checked before h2 sees the
+frame: see ``_h2frames``), fails that stream only.  Only connection-level failures
+(read/write error, protocol error, unanswered PING) break the connection, failing its
+streams with the matching httpx error.  Writes are serialized by a lock and shielded from
+cancellation (a half-written frame would corrupt the connection for every stream); they are
+bounded by a timeout instead.  No h2 exception leaves this module.
 
 GOAWAY (§6.8): no new stream; streams above ``last_stream_id`` were not processed and fail
 with ``Refused`` (the compartment replays them on another connection); the others finish;
@@ -76,7 +78,7 @@ from ._exchange import (
     run_io,
     run_waiting,
 )
-from ._h2frames import FrameSizeError, FrameSplitter
+from ._h2frames import BodyMismatch, FrameSizeError, FrameSplitter, GoAway
 from ._http11 import next_connection_id
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
@@ -184,7 +186,7 @@ class HTTP2Connection(PoolEntry):
         self._ping_payload: bytes | None = None  # a health-check PING in flight
         self._ping_deadline = 0.0
         self._pong_waiters: dict[_Sleeper, None] = {}
-        self._frames = FrameSplitter()
+        self._frames = FrameSplitter(self._deliver)
         self.last_frame_at = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------
@@ -306,21 +308,28 @@ class HTTP2Connection(PoolEntry):
             await self._flush_quietly()
 
     def _receive(self, data: bytes) -> None:
-        """Hand ``data`` to h2 (GOAWAYs taken out first, see ``_h2frames``), dispatch."""
+        """Hand ``data`` to h2 through the frame splitter (see ``_h2frames``)."""
         try:
-            data, goaways = self._frames.feed(data)
+            self._frames.feed(data)
         except FrameSizeError as exc:
             self._break(httpx.RemoteProtocolError, f"HTTP/2 frame size error: {exc}")
-            return
-        try:
-            events = self._h2.receive_data(data) if data else []
-        except h2.exceptions.ProtocolError as exc:
-            self._break(httpx.RemoteProtocolError, f"HTTP/2 protocol error: {exc}")
-            return
-        for event in events:
-            self._dispatch(event)
-        for goaway in goaways:
+
+    def _deliver(self, data: bytes, goaway: GoAway | None, mismatch: BodyMismatch | None) -> bool:
+        """The splitter's callback: h2 reads ``data``, we act on the events, then on what
+        the splitter took out.  False once the connection is broken."""
+        if data:
+            try:
+                events = self._h2.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self._break(httpx.RemoteProtocolError, f"HTTP/2 protocol error: {exc}")
+                return False
+            for event in events:
+                self._dispatch(event)
+        if goaway is not None:
             self._goaway(goaway.last_stream_id)
+        if mismatch is not None:
+            self._stream_error(mismatch.stream_id, str(mismatch))
+        return self._broken is None
 
     def _dispatch(self, event: h2.events.Event) -> None:
         if isinstance(event, _ACTIVE):
@@ -330,8 +339,8 @@ class HTTP2Connection(PoolEntry):
                     self._ack(event.flow_controlled_length, event.stream_id)
                 return
             if isinstance(event, h2.events.ResponseReceived):
-                stream.head = _response_head(event.headers, stream.stream_id)
-                stream.status = stream.head.status
+                if not self._response_received(stream, event):
+                    return
             elif isinstance(event, h2.events.StreamEnded):
                 stream.remote_ended = True
                 if stream.sent_end:  # closed on both sides
@@ -350,6 +359,7 @@ class HTTP2Connection(PoolEntry):
             stream = self._streams.get(event.stream_id)
             if stream is not None:
                 self._forget(stream)
+                self._frames.forget(stream.stream_id)
                 if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
                     stream.refused = True  # not processed (RFC 9113 §8.7): replayable
                 else:
@@ -369,6 +379,21 @@ class HTTP2Connection(PoolEntry):
                     self._wake(pong)
         elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
             self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
+
+    def _response_received(self, stream: H2Stream, event: h2.events.ResponseReceived) -> bool:
+        """Keep the response head; False if it is malformed (the stream was failed)."""
+        head, length = _response_head(event.headers, stream.stream_id)
+        if head is None:
+            self._stream_error(stream.stream_id, "malformed response: invalid :status")
+            return False
+        stream.head = head
+        stream.status = head.status
+        if event.stream_ended is None:  # a body follows: check it as h2 would
+            if stream.head_request:
+                self._frames.expect(stream.stream_id, 0)
+            elif length is not None:
+                self._frames.expect(stream.stream_id, length)
+        return True
 
     def _settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         codes = h2.settings.SettingCodes
@@ -396,6 +421,19 @@ class HTTP2Connection(PoolEntry):
                 self._wake(stream)
         self._listener.on_goaway(self)
 
+    def _stream_error(self, stream_id: int, message: str) -> None:
+        """A stream error (RFC 9113 §5.4.2): reset that stream, fail its request, keep the
+        connection."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            return
+        stream.error = message
+        self._close_stream(stream, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        self._listener.on_reset(self)
+        self._wake(stream)
+
     def _forget(self, stream: H2Stream) -> None:
         """h2 has closed ``stream``."""
         self._streams.pop(stream.stream_id, None)
@@ -404,6 +442,7 @@ class HTTP2Connection(PoolEntry):
     def _close_stream(self, stream: H2Stream, code: int = _CANCEL) -> None:
         """Reset ``stream`` (the frame is queued) and forget it."""
         self._forget(stream)
+        self._frames.forget(stream.stream_id)
         with contextlib.suppress(h2.exceptions.ProtocolError):  # closed or connection gone
             self._h2.reset_stream(stream.stream_id, code)
 
@@ -475,6 +514,7 @@ class H2Stream(_Sleeper):
         "error",
         "events",
         "head",
+        "head_request",
         "live",
         "received_any",
         "refused",
@@ -502,6 +542,7 @@ class H2Stream(_Sleeper):
         self.error: str | None = None  # a reset or a malformed response: the request fails
         self.status = 0  # of the final response, once it arrived
         self.head: ResponseHead | None = None
+        self.head_request = False
 
     # -- sending -------------------------------------------------------------------------
     async def send_request(
@@ -515,6 +556,7 @@ class H2Stream(_Sleeper):
         if conn.draining:
             raise Refused()
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+        self.head_request = request.method == "HEAD"
         await emit(trace, "http2.send_request_headers.started", {"request": request})
         try:
             self.stream_id = h2c.get_next_available_stream_id()
@@ -525,6 +567,7 @@ class H2Stream(_Sleeper):
             conn._listener.on_goaway(conn)  # stream ids used up: drain, like a GOAWAY
             raise Refused() from None
         except h2.exceptions.ProtocolError as exc:
+            conn._raise_if_broken(request)
             raise httpx.LocalProtocolError(str(exc), request=request) from exc
         conn._streams[self.stream_id] = self
         self.live = True
@@ -561,6 +604,9 @@ class H2Stream(_Sleeper):
             conn._h2.end_stream(self.stream_id)
         except h2.exceptions.StreamClosedError:
             return
+        except h2.exceptions.ProtocolError as exc:
+            conn._raise_if_broken(request)
+            raise httpx.LocalProtocolError(str(exc), request=request) from exc
         self.sent_end = True
         if self.remote_ended:
             conn._forget(self)
@@ -583,6 +629,9 @@ class H2Stream(_Sleeper):
                 h2c.send_data(self.stream_id, bytes(piece))
             except h2.exceptions.StreamClosedError:
                 return False
+            except h2.exceptions.ProtocolError as exc:
+                conn._raise_if_broken(request)
+                raise httpx.LocalProtocolError(str(exc), request=request) from exc
             await conn._flush(request, timeouts)
         return True
 
@@ -607,7 +656,7 @@ class H2Stream(_Sleeper):
         h2c = self.conn._h2
         try:
             window = h2c.local_flow_control_window(self.stream_id)
-        except h2.exceptions.StreamClosedError:
+        except h2.exceptions.ProtocolError:  # closed, or unknown to h2
             return 0
         return min(window, h2c.max_outbound_frame_size)
 
@@ -766,12 +815,20 @@ def _check_method(request: httpx.Request) -> bytes:
     return method
 
 
-def _response_head(raw: Any, stream_id: int) -> ResponseHead:
-    status = 200
+def _response_head(raw: Any, stream_id: int) -> tuple[ResponseHead | None, int | None]:
+    """The response head (``None`` if its ``:status`` is not three digits, RFC 9113
+    §8.3.2), and its ``content-length`` (h2 has checked that it is digits)."""
+    status = 0
+    length: int | None = None
     headers: list[tuple[bytes, bytes]] = []
     for name, value in raw:
         if name == b":status":
-            status = int(value)
+            if len(value) == 3 and value.isdigit():
+                status = int(value)
         elif not name.startswith(b":"):
             headers.append((name, value))
-    return ResponseHead(status, headers, b"HTTP/2", b"", stream_id)
+            if name == b"content-length":
+                length = int(value)
+    if status < 200:  # (h2 hands 1xx on as informational responses)
+        return None, None
+    return ResponseHead(status, headers, b"HTTP/2", b"", stream_id), length

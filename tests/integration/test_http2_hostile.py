@@ -228,3 +228,72 @@ async def test_header_injection_is_refused_before_anything_is_sent(
             ok = await client.get(f"{srv.url}/")
             assert ok.status_code == 200
         assert len(srv.streams) == 1  # only the good request reached the server
+
+
+# -- 7. content-length mismatches --------------------------------------------------------
+
+
+@pytest.mark.parametrize("lie", ["/lie/10/20", "/lie/20/10", "/lie/0/5", "/lie/70000/1"])
+async def test_content_length_mismatch_fails_only_its_stream(lie: str) -> None:
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            await client.get(f"{srv.url}/")
+            with anyio.fail_after(HANG):
+                async with anyio.create_task_group() as tg:
+                    uploads: list[httpx.Response] = []
+
+                    async def innocent_upload() -> None:
+                        uploads.append(await client.post(f"{srv.url}/stall/ok", content=UPLOAD))
+
+                    tg.start_soon(innocent_upload)
+                    await srv.until_event("stalled")  # still uploading
+                    with pytest.raises(httpx.RemoteProtocolError, match="content-length"):
+                        await client.get(f"{srv.url}{lie}")
+                    srv.release("ok")
+            assert [r.text for r in uploads] == [f"received:{len(UPLOAD)}"]
+            after = await client.get(f"{srv.url}/")
+            assert after.extensions["bulkhead"].reused
+            s = transport.statistics()[srv.url]
+            assert (s.connections_created, s.open_streams, s.failed) == (1, 0, 1)
+
+
+async def test_a_connection_error_fails_an_upload_with_an_httpx_error() -> None:
+    bad_window_update = bytes([0, 0, 4, 0x8, 0, 0, 0, 0, 0]) + bytes(4)  # increment 0
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            with anyio.fail_after(HANG):
+                async with anyio.create_task_group() as tg:
+                    failures: list[BaseException] = []
+
+                    async def upload() -> None:
+                        try:
+                            await client.post(f"{srv.url}/stall/never", content=UPLOAD)
+                        except Exception as exc:
+                            failures.append(exc)
+
+                    tg.start_soon(upload)
+                    await srv.until_event("stalled")
+                    # The window opens and the connection breaks in the same read.
+                    srv.open_stalled(then=bad_window_update)
+            assert [type(exc) for exc in failures] == [httpx.RemoteProtocolError]
+            assert (await client.get(f"{srv.url}/")).status_code == 200
+            s = transport.statistics()[srv.url]
+            assert (s.connections_created, s.running, s.error) == (2, 0, 1)
+
+
+async def test_content_length_mismatch_on_a_head_or_a_streamed_read() -> None:
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            with pytest.raises(httpx.RemoteProtocolError, match="content-length"):
+                await client.head(f"{srv.url}/")  # a HEAD response with a body
+            async with client.stream("GET", f"{srv.url}/lie/100000/200000") as response:
+                chunks = []
+                with pytest.raises(httpx.RemoteProtocolError, match="content-length"):
+                    async for chunk in response.aiter_raw():
+                        chunks.append(chunk)
+            assert sum(map(len, chunks)) <= 100_000
+            assert (await client.get(f"{srv.url}/")).extensions["bulkhead"].reused
+            assert transport.statistics()[srv.url].connections_created == 1

@@ -326,6 +326,11 @@ class H2ScriptServer(RawServer):
         """RST_STREAM ``code`` on every stalled upload (see ``/stall/<name>``)."""
         self.command(lambda conn: conn.reset_stalled(code))
 
+    def open_stalled(self, then: bytes = b"") -> None:
+        """Reopen the windows of the stalled uploads (WINDOW_UPDATE) and send ``then`` (an
+        invalid frame, say) in the same write, so the client reads both at once."""
+        self.command(lambda conn: conn.open_stalled(then))
+
     def mute(self) -> None:
         """Make every open connection a dead peer: it still reads (``srv.pings`` and
         events keep working) but never sends another byte. Event ``"muted"`` once done."""
@@ -882,6 +887,14 @@ class _Connection:
             self.unread.pop(sid, None)
             if sid in self.streams:
                 self.reset(sid, code, "reset")
+
+    def open_stalled(self, then: bytes) -> None:
+        for sid in sorted(self.stalled):
+            if sid in self.streams:
+                self.h2.increment_flow_control_window(self.unread[sid], stream_id=sid)
+                self.unread[sid] = 0
+        self.stalled.clear()
+        self.raw.send(self.h2.data_to_send() + then)
 
     def send_goaway(self, last: int) -> None:
         self.flush()  # keep frame order: whatever h2 queued goes first
