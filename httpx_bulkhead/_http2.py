@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 On HTTP/2 a request borrows a *stream*; the connection carries up to ``cap`` of them, where
-``cap = min(peer's SETTINGS_MAX_CONCURRENT_STREAMS, our max_streams_per_connection)``
-(RFC 9113 §5.1.2).  The cap is one stream until the peer's first SETTINGS
+``cap = min(peer's SETTINGS_MAX_CONCURRENT_STREAMS, our max_streams_per_connection,
+MAX_STREAMS)`` (RFC 9113 §5.1.2).  The cap is one stream until the peer's first SETTINGS
 frame arrives, and follows the peer whenever it changes: every change is reported to the
 pool (``on_cap``), which admits new streams only below it, so a lowered cap lets streams in
 flight finish and a raised one wakes waiters at once.
@@ -48,6 +48,10 @@ PING health check: a connection silent for ``ping_after`` is checked before reus
 the PING is in flight, requests given the connection wait for the verdict before sending
 anything; if the PING goes unanswered they are ``Refused`` (nothing was sent) and go
 elsewhere.  Only an ACK carrying our 8 bytes answers it (§6.7).
+
+Receive windows: each stream's is the protocol's 65,535 bytes; the connection's is
+``max(RECEIVE_WINDOW, cap x 65,535)``, so streams whose bodies are not being read (held
+streamed responses) can fill at most their own windows and never starve the others.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
 from ._streams import NetStream
 
-__all__ = ["DEFAULT_PEER_STREAMS", "HTTP2Connection"]
+__all__ = ["DEFAULT_PEER_STREAMS", "MAX_STREAMS", "HTTP2Connection"]
 
 #: Streams allowed when the peer's SETTINGS do not mention SETTINGS_MAX_CONCURRENT_STREAMS
 #: (unlimited by the RFC; 100 is the floor it recommends servers to allow).
@@ -93,9 +97,11 @@ DEFAULT_PEER_STREAMS = 100
 #: servers, hypercorn among them, do not apply a larger SETTINGS_INITIAL_WINDOW_SIZE to the
 #: streams they send on); h2 grants it again as the body is consumed.
 STREAM_WINDOW = 65_535
-#: Our connection-level receive window: large, so concurrent downloads do not stall on
-#: WINDOW_UPDATE round trips.
+#: Our connection-level receive window, at least: large, so concurrent downloads do not
+#: stall on WINDOW_UPDATE round trips.  It grows to ``cap x STREAM_WINDOW`` with the cap.
 RECEIVE_WINDOW = 2**24
+#: Streams per connection at most: ``cap x STREAM_WINDOW`` must fit h2's largest window.
+MAX_STREAMS = (2**31 - 1) // STREAM_WINDOW
 READ_SIZE = 65536
 #: How much longer than a PING check's owner the requests waiting on its verdict wait.
 PING_GRACE = 0.05
@@ -183,6 +189,7 @@ class HTTP2Connection(PoolEntry):
         self._write_lock = anyio.Lock()
         self._broken: tuple[type[httpx.TransportError], str] | None = None
         self._got_settings = False
+        self._window = RECEIVE_WINDOW  # our connection-level receive window, granted
         self._ping_payload: bytes | None = None  # a health-check PING in flight
         self._ping_deadline = 0.0
         self._pong_waiters: dict[_Sleeper, None] = {}
@@ -405,11 +412,20 @@ class HTTP2Connection(PoolEntry):
                 if (codes.MAX_CONCURRENT_STREAMS in changed)
                 else DEFAULT_PEER_STREAMS
             )
-            cap = peer if self._max_streams is None else min(peer, self._max_streams)
+            ours = MAX_STREAMS if self._max_streams is None else self._max_streams
+            cap = min(peer, ours, MAX_STREAMS)
+            self._cover_streams(cap)
             self._listener.on_cap(self, cap)
         if codes.INITIAL_WINDOW_SIZE in changed:
             for waiter in list(self._window_waiters):
                 self._wake(waiter)
+
+    def _cover_streams(self, cap: int) -> None:
+        """Grow our connection window to hold every stream's window (queued frame)."""
+        needed = cap * STREAM_WINDOW
+        if needed > self._window:
+            self._h2.increment_flow_control_window(needed - self._window)
+            self._window = needed
 
     def _goaway(self, last: int) -> None:
         """GOAWAY (RFC 9113 §6.8): streams above ``last`` were not processed; the others

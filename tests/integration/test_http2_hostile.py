@@ -6,6 +6,8 @@ numbered item of the issue; each failed on the code before its fix."""
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import h2.errors
 import httpx
@@ -297,3 +299,22 @@ async def test_content_length_mismatch_on_a_head_or_a_streamed_read() -> None:
             assert sum(map(len, chunks)) <= 100_000
             assert (await client.get(f"{srv.url}/")).extensions["bulkhead"].reused
             assert transport.statistics()[srv.url].connections_created == 1
+
+
+# -- 8. unread streamed responses and the connection window -------------------------------
+
+
+async def test_unread_streamed_responses_do_not_starve_the_connection() -> None:
+    held = 300  # 300 stream windows of 65,535 bytes: more than our first 16 MiB
+    with h2script.serve(max_streams=1000) as srv:
+        transport = h2c(max_concurrency=held + 1, max_streams_per_connection=held + 1)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                for _ in range(held):
+                    await stack.enter_async_context(client.stream("GET", f"{srv.url}/bytes/65535"))
+                await srv.until_answered(held)  # every body sent in full, none read yet
+                small = await client.get(f"{srv.url}/bytes/10")
+                assert small.content == b"x" * 10
+                s = transport.statistics()[srv.url]
+                assert (s.connections_created, s.running) == (1, held)
+                assert s.open_streams == 0  # complete on the wire, though not read
