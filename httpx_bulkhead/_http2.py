@@ -127,6 +127,8 @@ _BAD_PSEUDO = re.compile(rb"[\x00-\x20\x7f]")
 _GOOD_NAMES: set[bytes] = set()
 _GOOD_METHODS: dict[str, bytes] = {}
 _CACHE_LIMIT = 1024
+#: The reason phrase httpx gives each status (HTTP/2 has none on the wire).
+_REASONS = {int(code): httpx.codes.get_reason_phrase(code).encode() for code in httpx.codes}
 
 _ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
 _CANCEL = h2.errors.ErrorCodes.CANCEL
@@ -847,4 +849,6 @@ def _response_head(raw: Any, stream_id: int) -> tuple[ResponseHead | None, int |
                 length = int(value)
     if status < 200:  # (h2 hands 1xx on as informational responses)
         return None, None
-    return ResponseHead(status, headers, b"HTTP/2", b"", stream_id), length
+    # HTTP/2 has no reason phrase: give the one httpx gives when there is none.
+    reason = _REASONS.get(status, b"")
+    return ResponseHead(status, headers, b"HTTP/2", reason, stream_id), length

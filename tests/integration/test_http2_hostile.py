@@ -318,3 +318,15 @@ async def test_unread_streamed_responses_do_not_starve_the_connection() -> None:
                 s = transport.statistics()[srv.url]
                 assert (s.connections_created, s.running) == (1, held)
                 assert s.open_streams == 0  # complete on the wire, though not read
+
+
+# -- 9. reason phrases ------------------------------------------------------------------
+
+
+async def test_reason_phrase_is_left_to_httpx() -> None:
+    with h2script.serve() as srv:
+        async with httpx.AsyncClient(transport=h2c(), timeout=5) as client:
+            response = await client.get(f"{srv.url}/status/404")
+            assert response.reason_phrase == "Not Found"
+            with pytest.raises(httpx.HTTPStatusError, match="404 Not Found"):
+                response.raise_for_status()
