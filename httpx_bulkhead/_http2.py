@@ -28,8 +28,9 @@ Uploads (§8.1): informational (1xx) responses do not stop a request body.  A fi
 of 300 or more, or a complete response, does (the server does not want the rest; a 2xx that
 is still being sent may be a full-duplex exchange, as Go's transport assumes), and so do a
 reset, a GOAWAY that refuses the stream and a broken connection.  A stream whose upload
-stopped early is reset (RST_STREAM CANCEL) once its response has been read, so neither side
-counts it open afterwards.
+stopped early is reset (RST_STREAM CANCEL) as soon as its response is complete (nothing is
+lost then, and the frame goes out with the reader's next write), so neither side counts it
+open afterwards.
 
 State stays known when a stream is cut: the stream is reset (RST_STREAM CANCEL) and the
 connection goes on serving others.  Stream errors stay stream errors: a reset by the peer,
@@ -354,6 +355,9 @@ class HTTP2Connection(PoolEntry):
                 stream.remote_ended = True
                 if stream.sent_end:  # closed on both sides
                     self._forget(stream)
+                else:  # the response is complete before the request: stop sending (§8.1)
+                    self._close_stream(stream)
+                    self._listener.on_reset(self)
             stream.events.append(event)
             self._wake(stream)
         elif isinstance(event, h2.events.WindowUpdated):
@@ -689,8 +693,8 @@ class H2Stream(_Sleeper):
                         await self.conn._flush(request, timeouts)
                 if event.data:
                     return bytes(event.data)
-            elif isinstance(event, h2.events.StreamEnded) and self._end():
-                await self.conn._flush_quietly()  # the reset of our side
+            elif isinstance(event, h2.events.StreamEnded):
+                self.ended = True
         return None
 
     async def _next_event(self, request: httpx.Request, timeouts: Timeouts) -> h2.events.Event:
@@ -721,17 +725,6 @@ class H2Stream(_Sleeper):
     def _ready(self) -> bool:
         return bool(self.events) or self.refused or self.error is not None
 
-    def _end(self) -> bool:
-        """The response was read to its end.  True if our side had to be reset (a reset
-        frame is queued): the upload stopped early, so neither side counts the stream
-        open any longer (RFC 9113 §8.1)."""
-        self.ended = True
-        if self.live:
-            self.conn._close_stream(self)
-            self.conn._listener.on_reset(self.conn)
-            return True
-        return False
-
     # -- ending ----------------------------------------------------------------------------
     def finish_buffered(self) -> bool:
         while self.events and not self.ended:
@@ -739,7 +732,7 @@ class H2Stream(_Sleeper):
             if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                 self.conn._ack(event.flow_controlled_length, self.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
-                self._end()
+                self.ended = True
         return self.ended
 
     def completed(self) -> tuple[bool, float | None]:
