@@ -44,6 +44,8 @@ bounded by a timeout instead.  No h2 exception leaves this module.
 GOAWAY (§6.8): no new stream; streams above ``last_stream_id`` were not processed and fail
 with ``Refused`` (the compartment replays them on another connection); the others finish;
 the pool closes the connection when its last stream ends.  REFUSED_STREAM (§8.7) likewise.
+A stream that already has its response head was processed, whatever a GOAWAY says: it is
+left to finish, and a REFUSED_STREAM on it is an ordinary reset (never a replay).
 
 PING health check: a connection silent for ``ping_after`` is checked before reuse.  While
 the PING is in flight, requests given the connection wait for the verdict before sending
@@ -373,7 +375,8 @@ class HTTP2Connection(PoolEntry):
             if stream is not None:
                 self._forget(stream)
                 self._frames.forget(stream.stream_id)
-                if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
+                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+                if refused and stream.head is None:
                     stream.refused = True  # not processed (RFC 9113 §8.7): replayable
                 else:
                     stream.received_any = True  # answered, with a reset: not a stale connection
@@ -406,6 +409,11 @@ class HTTP2Connection(PoolEntry):
                 self._frames.expect(stream.stream_id, 0)
             elif length is not None:
                 self._frames.expect(stream.stream_id, length)
+        elif length and not stream.head_request and head.status not in (204, 304):
+            # No DATA at all, yet a length announced (h2 checks DATA frames only).
+            mismatch = BodyMismatch(stream.stream_id, length, 0)
+            self._stream_error(stream.stream_id, str(mismatch))
+            return False
         return True
 
     def _settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
@@ -437,8 +445,8 @@ class HTTP2Connection(PoolEntry):
         """GOAWAY (RFC 9113 §6.8): streams above ``last`` were not processed; the others
         may finish.  The pool stops giving out streams on this connection (``on_goaway``)."""
         for stream_id, stream in list(self._streams.items()):
-            if stream_id > last:
-                stream.refused = True  # never processed: safe to replay elsewhere
+            if stream_id > last and stream.head is None:  # (one answered was processed,
+                stream.refused = True  # whatever the GOAWAY says): safe to replay elsewhere
                 self._close_stream(stream)
                 self._wake(stream)
         self._listener.on_goaway(self)

@@ -138,6 +138,22 @@ async def test_goaway_below_a_blocked_upload_replays_it_at_once() -> None:
         assert [conn for conn, _ in srv.stalled] == [0, 1]
 
 
+async def test_goaway_below_an_answered_stream_does_not_refuse_it() -> None:
+    # A server may not refuse what it answered (RFC 9113 §6.8); one that does must not make
+    # an internal "replay this" escape from the body being read.
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=2) as client:
+            async with client.stream("GET", f"{srv.url}/bytes/200000") as response:
+                assert response.status_code == 200
+                srv.goaway_now(last_stream_id=0)  # the server stops sending it, too
+                await srv.until_event("goaway-sent")
+                with pytest.raises(httpx.TransportError):
+                    await response.aread()
+            s = transport.statistics()[srv.url]
+            assert (s.goaways, s.replays, s.running) == (1, 0, 0)
+
+
 # -- 4. refused streams ------------------------------------------------------------------
 
 
