@@ -34,8 +34,8 @@ open afterwards.
 
 State stays known when a stream is cut: the stream is reset (RST_STREAM CANCEL) and the
 connection goes on serving others.  Stream errors stay stream errors: a reset by the peer,
-or a response body that contradicts its content-length (§8.1.1, checked before h2 sees the
-frame: see ``_h2frames``), fails that stream only.  Only connection-level failures
+or a response body that contradicts its content-length (§8.1.1; see ``_H2Connection``),
+fails that stream only.  Only connection-level failures
 (read/write error, protocol error, unanswered PING) break the connection, failing its
 streams with the matching httpx error.  Writes are serialized by a lock and shielded from
 cancellation (a half-written frame would corrupt the connection for every stream); they are
@@ -85,7 +85,7 @@ from ._exchange import (
     run_io,
     run_waiting,
 )
-from ._h2frames import BodyMismatch, FrameSizeError, FrameSplitter, GoAway
+from ._h2frames import FrameSizeError, FrameSplitter
 from ._http11 import next_connection_id
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
@@ -137,6 +137,50 @@ _ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.Stream
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 
 
+class _BodyLengthMismatch(h2.events.Event):
+    """Ours, not h2's: a response's DATA contradicts its content-length; the stream has
+    been reset."""
+
+    def __init__(self, stream_id: int, message: str) -> None:
+        self.stream_id = stream_id
+        self.message = message
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """h2's connection, where a DATA frame that contradicts its stream's content-length is
+    a stream error (RFC 9113 §8.1.1) rather than a connection error.
+
+    h2 checks the length while it takes a DATA frame (``_receive_data_frame``) and raises
+    ``InvalidBodyLengthError``, which ``receive_data`` turns into the end of the whole
+    connection: every stream on it would fail.  This catches it on the way out of the
+    frame handler, before that happens: the stream is reset (PROTOCOL_ERROR), the frame's
+    bytes go back to the connection window (the stream is gone, so h2 credits only that),
+    and a ``_BodyLengthMismatch`` event reports it.  Costs nothing on the common path.
+    ``_receive_data_frame`` is h2's own (private) DATA handler, the one private API this
+    module overrides: h2 is pinned below 5, and tests/unit/test_h2frames.py checks the
+    behaviour relied on.
+    """
+
+    def _receive_data_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
+        try:
+            result: tuple[list[Any], list[h2.events.Event]] = super()._receive_data_frame(frame)
+        except h2.exceptions.InvalidBodyLengthError as exc:
+            stream_id = frame.stream_id
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self.acknowledge_received_data(frame.flow_controlled_length, stream_id)
+            message = _length_mismatch(exc.expected_length, exc.actual_length)
+            return [], [_BodyLengthMismatch(stream_id, message)]
+        return result
+
+
+def _length_mismatch(expected: int, received: int) -> str:
+    return (
+        f"response body does not match its content-length: {expected} bytes announced, "
+        f"{received} received"
+    )
+
+
 class _Sleeper:
     """Something that waits for the connection: a stream, or a PING check."""
 
@@ -181,7 +225,7 @@ class HTTP2Connection(PoolEntry):
         super().__init__(origin)
         self.id = next_connection_id()
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = _H2Connection(config=config)
         self._net = stream
         self._listener = listener
         self._max_streams = max_streams
@@ -198,7 +242,7 @@ class HTTP2Connection(PoolEntry):
         self._ping_payload: bytes | None = None  # a health-check PING in flight
         self._ping_deadline = 0.0
         self._pong_waiters: dict[_Sleeper, None] = {}
-        self._frames = FrameSplitter(self._deliver)
+        self._frames = FrameSplitter()
         self.last_frame_at = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------
@@ -320,28 +364,21 @@ class HTTP2Connection(PoolEntry):
             await self._flush_quietly()
 
     def _receive(self, data: bytes) -> None:
-        """Hand ``data`` to h2 through the frame splitter (see ``_h2frames``)."""
+        """Hand ``data`` to h2 (GOAWAYs taken out first, see ``_h2frames``), dispatch."""
         try:
-            self._frames.feed(data)
+            data, goaways = self._frames.feed(data)
         except FrameSizeError as exc:
             self._break(httpx.RemoteProtocolError, f"HTTP/2 frame size error: {exc}")
-
-    def _deliver(self, data: bytes, goaway: GoAway | None, mismatch: BodyMismatch | None) -> bool:
-        """The splitter's callback: h2 reads ``data``, we act on the events, then on what
-        the splitter took out.  False once the connection is broken."""
-        if data:
-            try:
-                events = self._h2.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
-                self._break(httpx.RemoteProtocolError, f"HTTP/2 protocol error: {exc}")
-                return False
-            for event in events:
-                self._dispatch(event)
-        if goaway is not None:
+            return
+        try:
+            events = self._h2.receive_data(data) if data else []
+        except h2.exceptions.ProtocolError as exc:
+            self._break(httpx.RemoteProtocolError, f"HTTP/2 protocol error: {exc}")
+            return
+        for event in events:
+            self._dispatch(event)
+        for goaway in goaways:
             self._goaway(goaway.last_stream_id)
-        if mismatch is not None:
-            self._stream_error(mismatch.stream_id, str(mismatch))
-        return self._broken is None
 
     def _dispatch(self, event: h2.events.Event) -> None:
         if isinstance(event, _ACTIVE):
@@ -374,7 +411,6 @@ class HTTP2Connection(PoolEntry):
             stream = self._streams.get(event.stream_id)
             if stream is not None:
                 self._forget(stream)
-                self._frames.forget(stream.stream_id)
                 refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
                 if refused and stream.head is None:
                     stream.refused = True  # not processed (RFC 9113 §8.7): replayable
@@ -382,6 +418,8 @@ class HTTP2Connection(PoolEntry):
                     stream.received_any = True  # answered, with a reset: not a stale connection
                     stream.error = f"stream reset by the server (error code {event.error_code})"
                 self._wake(stream)
+        elif isinstance(event, _BodyLengthMismatch):
+            self._stream_error(event.stream_id, event.message)
         elif isinstance(event, h2.events.InformationalResponseReceived):
             stream = self._streams.get(event.stream_id)
             if stream is not None:
@@ -404,15 +442,10 @@ class HTTP2Connection(PoolEntry):
             return False
         stream.head = head
         stream.status = head.status
-        if event.stream_ended is None:  # a body follows: check it as h2 would
-            if stream.head_request:
-                self._frames.expect(stream.stream_id, 0)
-            elif length is not None:
-                self._frames.expect(stream.stream_id, length)
-        elif length and not stream.head_request and head.status not in (204, 304):
-            # No DATA at all, yet a length announced (h2 checks DATA frames only).
-            mismatch = BodyMismatch(stream.stream_id, length, 0)
-            self._stream_error(stream.stream_id, str(mismatch))
+        no_content = stream.head_request or head.status in (204, 304)
+        if event.stream_ended and length and not no_content:
+            # A length announced, and no DATA at all (h2 checks DATA frames only).
+            self._stream_error(stream.stream_id, _length_mismatch(length, 0))
             return False
         return True
 
@@ -472,7 +505,6 @@ class HTTP2Connection(PoolEntry):
     def _close_stream(self, stream: H2Stream, code: int = _CANCEL) -> None:
         """Reset ``stream`` (the frame is queued) and forget it."""
         self._forget(stream)
-        self._frames.forget(stream.stream_id)
         with contextlib.suppress(h2.exceptions.ProtocolError):  # closed or connection gone
             self._h2.reset_stream(stream.stream_id, code)
 
@@ -652,7 +684,7 @@ class H2Stream(_Sleeper):
                 return False
             window = self._window()
             if window <= 0:
-                await self._wait_for_window(request, timeouts)
+                await self._wait_for_window(request, timeouts, self._can_send)
                 continue
             piece, data = data[:window], data[window:]
             try:
@@ -669,12 +701,14 @@ class H2Stream(_Sleeper):
         """The request body must not go on (see the module docstring, "Uploads")."""
         return not self.live or self.status >= 300 or self.remote_ended
 
-    async def _wait_for_window(self, request: httpx.Request, timeouts: Timeouts) -> None:
+    async def _wait_for_window(
+        self, request: httpx.Request, timeouts: Timeouts, ready: Callable[[], bool]
+    ) -> None:
         conn = self.conn
         conn._window_waiters[self] = None
         try:
             await run_waiting(
-                conn.wait_until(self, self._can_send), "write", timeouts.write, request, timeouts
+                conn.wait_until(self, ready), "write", timeouts.write, request, timeouts
             )
         finally:
             conn._window_waiters.pop(self, None)
