@@ -300,13 +300,19 @@ class HTTP2Connection(PoolEntry):
         """Whether h2 has bytes queued (so a flush is needed)."""
         return bool(getattr(self._h2, "_data_to_send", True))
 
-    async def _flush(self, request: httpx.Request, timeouts: Timeouts) -> None:
+    async def _flush(
+        self, request: httpx.Request, timeouts: Timeouts, *, last_words: bool = False
+    ) -> None:
         """Send what h2 has queued.  Shielded: a cancelled write would leave a partial frame
-        on the wire; bounded by the write timeout instead.  A failure breaks the connection."""
+        on the wire; bounded by the write timeout instead.  A failure breaks the connection.
+
+        Once the connection is broken nothing more is sent (RFC 9113 §5.4.1: after a
+        connection error's GOAWAY, close), but for ``last_words``: the flush right after
+        the read that broke it, which carries h2's GOAWAY."""
         with anyio.CancelScope(shield=True):
             async with self._write_lock:
                 data = self._h2.data_to_send()
-                if not data:
+                if not data or (self._broken is not None and not last_words):
                     return
                 write_timeout = timeouts.write or MAX_SHIELDED_WRITE
                 try:
@@ -315,11 +321,11 @@ class HTTP2Connection(PoolEntry):
                     self._break(type(exc), str(exc))
                     raise
 
-    async def _flush_quietly(self) -> None:
+    async def _flush_quietly(self, *, last_words: bool = False) -> None:
         """Flush frames that serve no request in particular (resets, acks): a failure only
         breaks the connection, for its streams to report."""
         with contextlib.suppress(httpx.TransportError):
-            await self._flush(_INTERNAL, _NO_TIMEOUTS)
+            await self._flush(_INTERNAL, _NO_TIMEOUTS, last_words=last_words)
 
     # -- reading -------------------------------------------------------------------------
     async def wait_until(self, sleeper: _Sleeper, ready: Callable[[], bool]) -> None:
@@ -361,7 +367,7 @@ class HTTP2Connection(PoolEntry):
         self.last_frame_at = time.monotonic()
         self._receive(data)
         if self.pending_output():  # SETTINGS acks, window updates, PING answers, resets
-            await self._flush_quietly()
+            await self._flush_quietly(last_words=True)
 
     def _receive(self, data: bytes) -> None:
         """Hand ``data`` to h2 (GOAWAYs taken out first, see ``_h2frames``), dispatch."""
@@ -662,6 +668,12 @@ class H2Stream(_Sleeper):
                     return  # stopped early: the stream is reset once the response is read
         if not self.live:
             return
+        if self._window() < 0:
+            # A lowered SETTINGS_INITIAL_WINDOW_SIZE took the window below zero: not even
+            # an empty DATA frame (END_STREAM) may go before it is back (RFC 9113 §6.9.2).
+            await self._wait_for_window(request, timeouts, self._can_end)
+            if not self.live:
+                return
         try:  # the whole body went: close our side cleanly, even if answered already
             conn._h2.end_stream(self.stream_id)
         except h2.exceptions.StreamClosedError:
@@ -715,6 +727,9 @@ class H2Stream(_Sleeper):
 
     def _can_send(self) -> bool:
         return self._window() > 0 or self._stop_upload()
+
+    def _can_end(self) -> bool:
+        return self._window() >= 0 or self._stop_upload()
 
     def _window(self) -> int:
         h2c = self.conn._h2

@@ -47,7 +47,7 @@ __all__ = ["AdversaryServer"]
 _MCS = h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
 _WINDOW = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
-_NO_CAP = -1  # a SETTINGS frame that did not carry MAX_CONCURRENT_STREAMS
+_UNLIMITED = 2**31 - 1
 
 
 @dataclass
@@ -162,9 +162,14 @@ class _Connection:
         if server.initial_cap is not None:
             initial[_MCS] = server.initial_cap
         self.h2.local_settings = _LenientSettings(client=False, initial_values=initial)
-        # Per SETTINGS frame sent and not acknowledged yet, oldest first: the cap it carried
-        # (None: unlimited), or _NO_CAP.  (h2's own books are per setting, not per frame.)
+        # The SETTINGS frame sent and not acknowledged yet (at most one: h2 applies a pending
+        # value on the next ACK of *any* SETTINGS frame, the initial one included, so a
+        # second frame in flight would take effect one ACK early): the cap it carried
+        # (None: unlimited).  Changes wanted meanwhile wait in ``deferred``.
         self.caps: list[int | None] = [server.initial_cap]
+        self.cap = _UNLIMITED if server.initial_cap is None else server.initial_cap
+        self.window = 65_535
+        self.deferred = False
         self.acked_cap: int | None = None
         self.streams: dict[int, _Stream] = {}
         self.sending: dict[int, tuple[bytearray, bool, int]] = {}  # body, trailers, reset code
@@ -305,9 +310,11 @@ class _Connection:
         elif isinstance(event, ev.StreamReset):
             self.close_stream(event.stream_id)
         elif isinstance(event, ev.SettingsAcknowledged):
-            sent = self.caps.pop(0) if self.caps else _NO_CAP
-            if sent != _NO_CAP:
-                self.acked_cap = sent
+            if self.caps:
+                self.acked_cap = self.caps.pop(0)
+            if self.deferred:
+                self.deferred = False
+                self.settings()
         elif isinstance(event, ev.PingReceived):
             self.on_ping(event.ping_data)
         elif isinstance(event, ev.ConnectionTerminated):
@@ -359,19 +366,18 @@ class _Connection:
 
     def connection_effects(self, sid: int, plan: Plan) -> None:
         if plan.cap >= 0:
-            self.h2.update_settings({_MCS: plan.cap})
-            self.caps.append(plan.cap)
+            self.settings(cap=plan.cap)
         if plan.window >= 0:
-            self.h2.update_settings({_WINDOW: plan.window})
-            self.caps.append(_NO_CAP)
+            self.settings(window=plan.window)
             if plan.window_back:
                 self.later(plan.window_back, self.window_back)
         if plan.ping:
             self.ping = plan.ping
         if plan.server_ping:
             self.h2.ping(os.urandom(8))
-        if plan.overflow:
-            self.flush(WindowUpdateFrame(0, window_increment=2**31 - 1).serialize())
+        if plan.overflow:  # twice: one alone fits when the client's window is 0
+            update = WindowUpdateFrame(0, window_increment=2**31 - 1).serialize()
+            self.flush(update + update)
         if plan.goaway and self.goaway_last is None:
             self.goaway(sid if plan.goaway == 1 else sid - 2)
         if plan.close:
@@ -408,10 +414,9 @@ class _Connection:
     def enforced_cap(self) -> int | None:
         """The cap the client must respect now (``None``: none): the acknowledged one, or
         a higher one sent since (it may have applied that already)."""
-        pending = [c for c in self.caps if c != _NO_CAP]
-        if self.acked_cap is None or None in pending:
+        if self.acked_cap is None or None in self.caps:
             return None
-        return max([self.acked_cap, *(c for c in pending if c is not None)])
+        return max([self.acked_cap, *(c for c in self.caps if c is not None)])
 
     def on_request_complete(self, sid: int) -> None:
         stream = self.streams.get(sid)
@@ -486,10 +491,20 @@ class _Connection:
         self.sending.pop(sid, None)
         self.streams.pop(sid, None)
 
+    def settings(self, *, cap: int | None = None, window: int | None = None) -> None:
+        """Send SETTINGS with both values (those not given: as last wanted), once the
+        frame in flight (if any) is acknowledged."""
+        self.cap = self.cap if cap is None else cap
+        self.window = self.window if window is None else window
+        if self.caps:
+            self.deferred = True
+            return
+        self.h2.update_settings({_MCS: self.cap, _WINDOW: self.window})
+        self.caps.append(self.cap)
+
     def window_back(self) -> None:
         with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.h2.update_settings({_WINDOW: 65_535})
-            self.caps.append(_NO_CAP)
+            self.settings(window=65_535)
 
     def close_abruptly(self) -> None:
         self.abort = self.finished = True
@@ -497,8 +512,7 @@ class _Connection:
     def make_benign(self) -> None:
         self.ping = "answer"
         with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.h2.update_settings({_MCS: 100, _WINDOW: 65_535})
-            self.caps.append(100)
+            self.settings(cap=100, window=65_535)
 
 
 def _ping_ack(payload: bytes) -> bytes:

@@ -154,6 +154,54 @@ async def test_goaway_below_an_answered_stream_does_not_refuse_it() -> None:
             assert (s.goaways, s.replays, s.running) == (1, 0, 0)
 
 
+class GatedBody:
+    """A request body: ``size`` bytes, then it waits for ``gate`` before it ends."""
+
+    def __init__(self, size: int, gate: anyio.Event) -> None:
+        self.chunks = [b"g" * size]
+        self.gate = gate
+
+    def __aiter__(self) -> GatedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.chunks:
+            return self.chunks.pop()
+        await self.gate.wait()
+        raise StopAsyncIteration
+
+
+async def test_the_end_of_a_body_waits_while_its_window_is_below_zero() -> None:
+    # Found by the adversary: a lowered SETTINGS_INITIAL_WINDOW_SIZE can take a stream's
+    # window below zero (RFC 9113 §6.9.2); then not even the empty DATA frame that ends
+    # the body may go (h2, hence hypercorn, makes it a connection error).
+    with h2script.serve() as srv:
+        transport = h2c()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            await client.get(f"{srv.url}/")
+            gate = anyio.Event()
+            with anyio.fail_after(HANG):
+                async with anyio.create_task_group() as tg:
+                    results: list[httpx.Response] = []
+
+                    async def upload() -> None:
+                        body = GatedBody(65_535, gate)  # the whole stream window
+                        results.append(await client.post(f"{srv.url}/stall/w", content=body))
+
+                    tg.start_soon(upload)
+                    await srv.until_event("stalled")
+                    srv.event("settings-acked").clear()
+                    srv.set_initial_window(1)  # the upload's window: 1 - 65,535
+                    await client.get(f"{srv.url}/")  # (its reader takes the SETTINGS in)
+                    await srv.until_event("settings-acked")
+                    gate.set()  # the body ends while the window is below zero
+                    await client.get(f"{srv.url}/")  # (the upload has run by now)
+                    assert not srv.protocol_errors
+                    srv.release("w")  # the server reads it: the window is back
+            assert [r.text for r in results] == ["received:65535"]
+        assert not srv.protocol_errors
+
+
 # -- 4. refused streams ------------------------------------------------------------------
 
 

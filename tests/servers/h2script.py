@@ -106,6 +106,7 @@ __all__ = [
 #: h2's own default for SETTINGS_MAX_CONCURRENT_STREAMS on a server.
 DEFAULT_MAX_STREAMS = 100
 _MCS = h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
+_WINDOW = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
 _PING = 0x6
 _ACK = 0x1
 
@@ -289,6 +290,7 @@ class H2ScriptServer(RawServer):
         self._protocol_errors: list[str] = []
         self._client_goaways: list[tuple[int, int | None]] = []
         self._client_resets: list[tuple[int, int, int]] = []
+        self._bytes_after_client_goaway = b""
         self._stalled: list[tuple[int, int]] = []
         self._commands: list[Callable[[_Connection], None]] = []
 
@@ -330,6 +332,16 @@ class H2ScriptServer(RawServer):
         """Reopen the windows of the stalled uploads (WINDOW_UPDATE) and send ``then`` (an
         invalid frame, say) in the same write, so the client reads both at once."""
         self.command(lambda conn: conn.open_stalled(then))
+
+    def send_raw(self, data: bytes) -> None:
+        """Send ``data`` (an invalid frame, say) on every open connection, after what h2
+        has queued."""
+        self.command(lambda conn: conn.raw.send(conn.h2.data_to_send() + data))
+
+    def set_initial_window(self, size: int) -> None:
+        """SETTINGS_INITIAL_WINDOW_SIZE=``size`` on every open connection (one SETTINGS
+        frame: send the next only once the client has acknowledged this one)."""
+        self.command(lambda conn: conn.set_initial_window(size))
 
     def mute(self) -> None:
         """Make every open connection a dead peer: it still reads (``srv.pings`` and
@@ -421,6 +433,12 @@ class H2ScriptServer(RawServer):
         """``(connection index, stream id, error code)`` per RST_STREAM received."""
         with self._cond:
             return list(self._client_resets)
+
+    @property
+    def bytes_after_client_goaway(self) -> bytes:
+        """What a client sent after its own GOAWAY (nothing, from a correct one)."""
+        with self._cond:
+            return self._bytes_after_client_goaway
 
     @property
     def stalled(self) -> list[tuple[int, int]]:
@@ -591,6 +609,10 @@ class H2ScriptServer(RawServer):
             self._goaways.append((index, last_stream_id))
         self._set("goaway-sent")
 
+    def _after_client_goaway(self, data: bytes) -> None:
+        with self._cond:
+            self._bytes_after_client_goaway += data
+
     def _client_reset(self, index: int, stream_id: int, code: int) -> None:
         with self._cond:
             self._client_resets.append((index, stream_id, code))
@@ -655,6 +677,7 @@ class _Connection:
         self.stalled: set[int] = set()  # ... whose stream window the client has used up
         self.responded: set[int] = set()  # response HEADERS sent
         self.muted = False
+        self.client_went_away = False
         self.commands_seen = len(server._pending_commands(0))
         self.zeroed = False
         self.finished = False
@@ -720,8 +743,13 @@ class _Connection:
         with selectors.DefaultSelector() as sel:
             sel.register(self.raw.sock, selectors.EVENT_READ)
             while (left := deadline - time.monotonic()) > 0:
-                if sel.select(left) and not self.raw.recv(RECV_SIZE):
+                if not sel.select(left):
+                    continue
+                data = self.raw.recv(RECV_SIZE)
+                if not data:
                     return
+                if self.client_went_away:
+                    self.server._after_client_goaway(data)
 
     # ---- incoming
 
@@ -779,6 +807,7 @@ class _Connection:
             code = None if event.error_code is None else int(event.error_code)
             self.server._client_goaway(self.index, code)
             self.finished = True  # h2 is CLOSED now: it would refuse to send anything
+            self.graceful = self.client_went_away = True  # record what else comes
 
     def enforced_cap(self) -> int | None:
         """The stream limit the client must be respecting now (``None``: unknown)."""
@@ -869,6 +898,10 @@ class _Connection:
         ):
             self.server._set("goaway-done")
             self.finished = self.graceful = True
+
+    def set_initial_window(self, size: int) -> None:
+        self.h2.update_settings({_WINDOW: size})
+        self.unacked.append(self.enforced_cap())  # (its ACK leaves the cap as it is)
 
     def send_cap(self, cap: int) -> None:
         self.h2.update_settings({_MCS: cap})
