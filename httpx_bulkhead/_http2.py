@@ -35,11 +35,11 @@ open afterwards.
 State stays known when a stream is cut: the stream is reset (RST_STREAM CANCEL) and the
 connection goes on serving others.  Stream errors stay stream errors: a reset by the peer,
 or a response body that contradicts its content-length (§8.1.1; see ``_H2Connection``),
-fails that stream only.  Only connection-level failures
-(read/write error, protocol error, unanswered PING) break the connection, failing its
-streams with the matching httpx error.  Writes are serialized by a lock and shielded from
-cancellation (a half-written frame would corrupt the connection for every stream); they are
-bounded by a timeout instead.  No h2 exception leaves this module.
+fails that stream only.  Only connection-level failures (read/write error, protocol error,
+unanswered PING) break the connection, failing its streams with the matching httpx error;
+after that nothing more is written but h2's GOAWAY (§5.4.1).  Writes are serialized by a
+lock and shielded from cancellation (a half-written frame would corrupt the connection for
+every stream); they are bounded by a timeout instead.  No h2 exception leaves this module.
 
 GOAWAY (§6.8): no new stream; streams above ``last_stream_id`` were not processed and fail
 with ``Refused`` (the compartment replays them on another connection); the others finish;
@@ -52,16 +52,17 @@ the PING is in flight, requests given the connection wait for the verdict before
 anything; if the PING goes unanswered they are ``Refused`` (nothing was sent) and go
 elsewhere.  Only an ACK carrying our 8 bytes answers it (§6.7).
 
-Receive windows: each stream's is the protocol's 65,535 bytes; the connection's is
+Windows: each stream's receive window is the protocol's 65,535 bytes; the connection's is
 ``max(RECEIVE_WINDOW, cap x 65,535)``, so streams whose bodies are not being read (held
-streamed responses) can fill at most their own windows and never starve the others.
+streamed responses) can fill at most their own windows and never starve the others.  A
+send window a lowered SETTINGS_INITIAL_WINDOW_SIZE took below zero holds back even the
+empty DATA frame that ends a body (§6.9.2).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, Callable
@@ -86,6 +87,7 @@ from ._exchange import (
     run_waiting,
 )
 from ._h2frames import FrameSizeError, FrameSplitter
+from ._h2headers import request_headers, response_head
 from ._http11 import next_connection_id
 from ._network import TraceFn, emit
 from ._pool import Discard, Origin, PoolEntry
@@ -116,22 +118,6 @@ MAX_SHIELDED_WRITE = 60.0
 _INTERNAL = httpx.Request("GET", "http://internal.invalid/")
 _NO_TIMEOUTS = Timeouts(None, None, None)
 
-_CONNECTION_HEADERS = frozenset(
-    {b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
-#: RFC 9110 §5.1 field names (a token), lowercased as HTTP/2 requires (RFC 9113 §8.2.1).
-_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
-#: RFC 9113 §8.2.1: a field value must not contain NUL, CR or LF.
-_BAD_VALUE = re.compile(rb"[\x00\r\n]")
-#: Nor may ``:authority`` or ``:path`` contain controls or spaces (a request line built
-#: from them by an HTTP/1.1 hop would be split).
-_BAD_PSEUDO = re.compile(rb"[\x00-\x20\x7f]")
-#: Names and methods already found valid (no values: they may be secrets).
-_GOOD_NAMES: set[bytes] = set()
-_GOOD_METHODS: dict[str, bytes] = {}
-_CACHE_LIMIT = 1024
-#: The reason phrase httpx gives each status (HTTP/2 has none on the wire).
-_REASONS = {int(code): httpx.codes.get_reason_phrase(code).encode() for code in httpx.codes}
 
 _ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
 _CANCEL = h2.errors.ErrorCodes.CANCEL
@@ -442,7 +428,7 @@ class HTTP2Connection(PoolEntry):
 
     def _response_received(self, stream: H2Stream, event: h2.events.ResponseReceived) -> bool:
         """Keep the response head; False if it is malformed (the stream was failed)."""
-        head, length = _response_head(event.headers, stream.stream_id)
+        head, length = response_head(event.headers, stream.stream_id)
         if head is None:
             self._stream_error(stream.stream_id, "malformed response: invalid :status")
             return False
@@ -619,7 +605,7 @@ class H2Stream(_Sleeper):
         conn, h2c = self.conn, self.conn._h2
         if conn._ping_payload is not None and not await conn._ping_verdict(PING_GRACE):
             raise Refused()  # nothing was sent on the dead connection: go elsewhere
-        headers = _request_headers(request)
+        headers = request_headers(request)
         conn._raise_if_broken(request)
         if conn.draining:
             raise Refused()
@@ -821,84 +807,3 @@ class H2Stream(_Sleeper):
             except httpx.TransportError:
                 return Discard.ERROR
         return reason
-
-
-def _request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
-    """The request's HTTP/2 header list, refusing what could inject a header or a request
-    when a hop turns it back into HTTP/1.1 (RFC 9113 §8.2.1, §8.3.1).
-
-    Raises:
-        httpx.LocalProtocolError: before anything is sent.
-    """
-    url = request.url
-    method = _GOOD_METHODS.get(request.method)
-    if method is None:
-        method = _check_method(request)
-    authority: bytes = url.netloc
-    target: Any = request.extensions.get("target", url.raw_path)
-    headers: list[tuple[bytes, bytes]] = []
-    values = []
-    for name, value in request.headers.raw:
-        lowered = name.lower()
-        if lowered not in _GOOD_NAMES:
-            _check_name(lowered, request)
-        if lowered in _CONNECTION_HEADERS:
-            if lowered == b"host":
-                authority = value
-            continue
-        if lowered == b"te" and value.lower() != b"trailers":
-            continue
-        headers.append((lowered, value))
-        values.append(value)
-    if not isinstance(target, bytes):
-        raise httpx.LocalProtocolError("the 'target' extension must be bytes", request=request)
-    if _BAD_PSEUDO.search(authority) or _BAD_PSEUDO.search(target):
-        raise httpx.LocalProtocolError(
-            "invalid character in the request target or Host", request=request
-        )
-    if _BAD_VALUE.search(b"".join(values)):
-        name = next(n for n, v in headers if _BAD_VALUE.search(v))
-        raise httpx.LocalProtocolError(
-            f"invalid character (CR, LF or NUL) in header {name.decode('ascii')!r}",
-            request=request,
-        )
-    pseudo = [(b":method", method), (b":authority", authority), (b":scheme", url.raw_scheme)]
-    pseudo.append((b":path", target))
-    return pseudo + headers
-
-
-def _check_name(name: bytes, request: httpx.Request) -> None:
-    if _FIELD_NAME.fullmatch(name) is None:
-        raise httpx.LocalProtocolError(f"invalid header name {name!r}", request=request)
-    if len(_GOOD_NAMES) < _CACHE_LIMIT:
-        _GOOD_NAMES.add(name)
-
-
-def _check_method(request: httpx.Request) -> bytes:
-    method = request.method.encode("ascii", "replace")
-    if _FIELD_NAME.fullmatch(method.lower()) is None:  # a token (RFC 9110 §9.1)
-        raise httpx.LocalProtocolError(f"invalid method {request.method!r}", request=request)
-    if len(_GOOD_METHODS) < _CACHE_LIMIT:
-        _GOOD_METHODS[request.method] = method
-    return method
-
-
-def _response_head(raw: Any, stream_id: int) -> tuple[ResponseHead | None, int | None]:
-    """The response head (``None`` if its ``:status`` is not three digits, RFC 9113
-    §8.3.2), and its ``content-length`` (h2 has checked that it is digits)."""
-    status = 0
-    length: int | None = None
-    headers: list[tuple[bytes, bytes]] = []
-    for name, value in raw:
-        if name == b":status":
-            if len(value) == 3 and value.isdigit():
-                status = int(value)
-        elif not name.startswith(b":"):
-            headers.append((name, value))
-            if name == b"content-length":
-                length = int(value)
-    if status < 200:  # (h2 hands 1xx on as informational responses)
-        return None, None
-    # HTTP/2 has no reason phrase: give the one httpx gives when there is none.
-    reason = _REASONS.get(status, b"")
-    return ResponseHead(status, headers, b"HTTP/2", reason, stream_id), length
