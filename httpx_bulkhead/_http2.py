@@ -118,7 +118,6 @@ MAX_SHIELDED_WRITE = 60.0
 _INTERNAL = httpx.Request("GET", "http://internal.invalid/")
 _NO_TIMEOUTS = Timeouts(None, None, None)
 
-
 _ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 

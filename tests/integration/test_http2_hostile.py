@@ -73,6 +73,8 @@ async def test_early_final_response_resets_the_stream() -> None:
 
 
 async def test_node_early_response_to_an_unread_upload() -> None:
+    # The same against Node, which follows its early answer with RST_STREAM(NO_ERROR)
+    # itself (RFC 9113 §8.1): a cross-check of that path, not a regression test.
     with NodeH2Server(max_concurrent_streams=5) as node:
         transport = h2c(max_connections=1)
         async with httpx.AsyncClient(transport=transport, timeout=5) as client:
