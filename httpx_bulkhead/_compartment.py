@@ -450,6 +450,7 @@ class Compartment(ConnectionListener):
         """
         trace: TraceFn | None = request.extensions.get("trace")
         retried = False
+        elsewhere = False  # a refused request prefers another connection
         replays = 0
         waited = 0.0
         while True:
@@ -458,15 +459,17 @@ class Compartment(ConnectionListener):
                 origin,
                 acquire_deadline=acquire_deadline,
                 connect_timeout=connect_timeout,
-                fresh=retried,
+                fresh=retried or elsewhere,
             )
             waited += conn_wait
             exchange = conn.start_exchange()
             try:
                 head = await exchange.send_request(request, timeouts, trace)
-            except Refused:
+            except Refused as refused:
                 await self.end_exchange(conn, exchange, None)
-                if replays >= MAX_REPLAYS or not _replayable(request):
+                elsewhere = refused.elsewhere
+                sent_nothing = not exchange.wrote_any  # its body was not touched either
+                if replays >= MAX_REPLAYS or not (sent_nothing or _replayable(request)):
                     raise httpx.RemoteProtocolError(
                         "the server refused the request (HTTP/2 GOAWAY or REFUSED_STREAM)",
                         request=request,

@@ -44,7 +44,14 @@ class ResponseHead(NamedTuple):
 
 class Refused(Exception):
     """Internal: the server did not process the request (GOAWAY above its stream id, or
-    REFUSED_STREAM), so it may be sent again on another connection (RFC 9113 §8.7)."""
+    REFUSED_STREAM), so it may be sent again on another connection (RFC 9113 §8.7).
+
+    ``elsewhere``: the connection still takes requests (REFUSED_STREAM), but the replay
+    should prefer another one."""
+
+    def __init__(self, *, elsewhere: bool = False) -> None:
+        super().__init__()
+        self.elsewhere = elsewhere
 
 
 @contextlib.asynccontextmanager

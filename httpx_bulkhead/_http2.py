@@ -3,28 +3,60 @@
 Theory of operation
 -------------------
 On HTTP/2 a request borrows a *stream*; the connection carries up to ``cap`` of them, where
-``cap = min(peer's SETTINGS_MAX_CONCURRENT_STREAMS, our max_streams_per_connection)``
-(RFC 9113 §5.1.2).  The cap is one stream until the peer's first SETTINGS frame arrives, and
-follows the peer whenever it changes: every change is reported to the pool (``on_cap``),
-which admits new streams only below it, so a lowered cap lets streams in flight finish and a
-raised one wakes waiters at once.
+``cap = min(peer's SETTINGS_MAX_CONCURRENT_STREAMS, our max_streams_per_connection,
+MAX_STREAMS)`` (RFC 9113 §5.1.2).  The cap is one stream until the peer's first SETTINGS
+frame arrives, and follows the peer whenever it changes: every change is reported to the
+pool (``on_cap``), which admits new streams only below it, so a lowered cap lets streams in
+flight finish and a raised one wakes waiters at once.
 
 There is no background task (a transport owns no task group).  The task that needs the next
 frame becomes the *reader* if nobody is reading; the others sleep on their own wake-up event.
 The reader dispatches every frame it reads to the stream it belongs to and wakes that stream;
 when it stops reading (it got what it wanted, was cancelled or timed out) it wakes one sleeper
 to take over.  So a stream is never stuck behind another stream's read, and one stream's
-timeout or cancellation costs only that stream.
+timeout or cancellation costs only that stream.  Every wait (for a response, for send
+window, for a PING's verdict) is a ``wait_until(condition)``: it ends when the condition
+holds, the connection breaks (every sleeper is woken) or its own deadline passes, and the
+conditions include the stream's *fate* (reset, refused, answered), so no wait outlives it.
+
+``_streams`` holds exactly the streams h2 counts as open (not closed), so our count, h2's
+and the pool's agree: a stream leaves it when both sides have ended it, when either side
+resets it, or when a GOAWAY refuses it (we then reset it in h2 too, which h2 needs to stop
+counting it; the server ignores frames on streams it refused, §6.8).
+
+Uploads (§8.1): informational (1xx) responses do not stop a request body.  A final response
+of 300 or more, or a complete response, does (the server does not want the rest; a 2xx that
+is still being sent may be a full-duplex exchange, as Go's transport assumes), and so do a
+reset, a GOAWAY that refuses the stream and a broken connection.  A stream whose upload
+stopped early is reset (RST_STREAM CANCEL) as soon as its response is complete (nothing is
+lost then, and the frame goes out with the reader's next write), so neither side counts it
+open afterwards.
 
 State stays known when a stream is cut: the stream is reset (RST_STREAM CANCEL) and the
-connection goes on serving others.  Only connection-level failures (read/write error,
-protocol error, unanswered PING) break it, failing its streams with the matching httpx error.
-Writes are serialized by a lock and shielded from cancellation (a half-written frame would
-corrupt the connection for every stream); they are bounded by a timeout instead.
+connection goes on serving others.  Stream errors stay stream errors: a reset by the peer,
+or a response body that contradicts its content-length (§8.1.1; see ``_H2Connection``),
+fails that stream only.  Only connection-level failures (read/write error, protocol error,
+unanswered PING) break the connection, failing its streams with the matching httpx error;
+after that nothing more is written but h2's GOAWAY (§5.4.1).  Writes are serialized by a
+lock and shielded from cancellation (a half-written frame would corrupt the connection for
+every stream); they are bounded by a timeout instead.  No h2 exception leaves this module.
 
-GOAWAY (RFC 9113 §6.8): no new stream; streams above ``last_stream_id`` were not processed
-and fail with ``Refused`` (the compartment replays them on another connection); the others
-finish; the pool closes the connection when its last stream ends.
+GOAWAY (§6.8): no new stream; streams above ``last_stream_id`` were not processed and fail
+with ``Refused`` (the compartment replays them on another connection); the others finish;
+the pool closes the connection when its last stream ends.  REFUSED_STREAM (§8.7) likewise.
+A stream that already has its response head was processed, whatever a GOAWAY says: it is
+left to finish, and a REFUSED_STREAM on it is an ordinary reset (never a replay).
+
+PING health check: a connection silent for ``ping_after`` is checked before reuse.  While
+the PING is in flight, requests given the connection wait for the verdict before sending
+anything; if the PING goes unanswered they are ``Refused`` (nothing was sent) and go
+elsewhere.  Only an ACK carrying our 8 bytes answers it (§6.7).
+
+Windows: each stream's receive window is the protocol's 65,535 bytes; the connection's is
+``max(RECEIVE_WINDOW, cap x 65,535)``, so streams whose bodies are not being read (held
+streamed responses) can fill at most their own windows and never starve the others.  A
+send window a lowered SETTINGS_INITIAL_WINDOW_SIZE took below zero holds back even the
+empty DATA frame that ends a body (§6.9.2).
 """
 
 from __future__ import annotations
@@ -55,20 +87,29 @@ from ._exchange import (
     run_waiting,
 )
 from ._h2frames import FrameSizeError, FrameSplitter
+from ._h2headers import request_headers, response_head
 from ._http11 import next_connection_id
 from ._pool import Discard, Origin, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer, emit
 
-__all__ = ["DEFAULT_PEER_STREAMS", "HTTP2Connection"]
+__all__ = ["DEFAULT_PEER_STREAMS", "MAX_STREAMS", "HTTP2Connection"]
 
 #: Streams allowed when the peer's SETTINGS do not mention SETTINGS_MAX_CONCURRENT_STREAMS
 #: (unlimited by the RFC; 100 is the floor it recommends servers to allow).
 DEFAULT_PEER_STREAMS = 100
-#: Our connection-level receive window: large, so concurrent downloads do not stall on
-#: WINDOW_UPDATE round trips.
+#: Each stream's receive window: the protocol's initial one, which we do not raise (some
+#: servers, hypercorn among them, do not apply a larger SETTINGS_INITIAL_WINDOW_SIZE to the
+#: streams they send on); h2 grants it again as the body is consumed.
+STREAM_WINDOW = 65_535
+#: Our connection-level receive window, at least: large, so concurrent downloads do not
+#: stall on WINDOW_UPDATE round trips.  It grows to ``cap x STREAM_WINDOW`` with the cap.
 RECEIVE_WINDOW = 2**24
+#: Streams per connection at most: ``cap x STREAM_WINDOW`` must fit h2's largest window.
+MAX_STREAMS = (2**31 - 1) // STREAM_WINDOW
 READ_SIZE = 65536
+#: How much longer than a PING check's owner the requests waiting on its verdict wait.
+PING_GRACE = 0.05
 #: Longest a shielded write may take when httpx gives no write timeout.
 MAX_SHIELDED_WRITE = 60.0
 #: Longest the check of an idle connection reads what arrived while it was idle: only the
@@ -81,13 +122,56 @@ IDLE_READ_BOUND = 0.1
 _INTERNAL = httpx.Request("GET", "http://internal.invalid/")
 _NO_TIMEOUTS = Timeouts(None, None, None)
 
-_CONNECTION_HEADERS = frozenset(
-    {b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
+_ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
+_CANCEL = h2.errors.ErrorCodes.CANCEL
+
+
+class _BodyLengthMismatch(h2.events.Event):
+    """Ours, not h2's: a response's DATA contradicts its content-length; the stream has
+    been reset."""
+
+    def __init__(self, stream_id: int, message: str) -> None:
+        self.stream_id = stream_id
+        self.message = message
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """h2's connection, where a DATA frame that contradicts its stream's content-length is
+    a stream error (RFC 9113 §8.1.1) rather than a connection error.
+
+    h2 checks the length while it takes a DATA frame (``_receive_data_frame``) and raises
+    ``InvalidBodyLengthError``, which ``receive_data`` turns into the end of the whole
+    connection: every stream on it would fail.  This catches it on the way out of the
+    frame handler, before that happens: the stream is reset (PROTOCOL_ERROR), the frame's
+    bytes go back to the connection window (the stream is gone, so h2 credits only that),
+    and a ``_BodyLengthMismatch`` event reports it.  Costs nothing on the common path.
+    ``_receive_data_frame`` is h2's own (private) DATA handler, the one private API this
+    module overrides: h2 is pinned below 5, and tests/unit/test_h2frames.py checks the
+    behaviour relied on.
+    """
+
+    def _receive_data_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
+        try:
+            result: tuple[list[Any], list[h2.events.Event]] = super()._receive_data_frame(frame)
+        except h2.exceptions.InvalidBodyLengthError as exc:
+            stream_id = frame.stream_id
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self.acknowledge_received_data(frame.flow_controlled_length, stream_id)
+            message = _length_mismatch(exc.expected_length, exc.actual_length)
+            return [], [_BodyLengthMismatch(stream_id, message)]
+        return result
+
+
+def _length_mismatch(expected: int, received: int) -> str:
+    return (
+        f"response body does not match its content-length: {expected} bytes announced, "
+        f"{received} received"
+    )
 
 
 class _Sleeper:
-    """Something that waits for the connection: a stream, or a PING."""
+    """Something that waits for the connection: a stream, or a PING check."""
 
     __slots__ = ("wakeup",)
 
@@ -109,7 +193,8 @@ class ConnectionListener:
         del conn
 
     def on_reset(self, conn: HTTP2Connection) -> None:
-        """We reset one of ``conn``'s streams (the request was cancelled or timed out)."""
+        """We reset one of ``conn``'s streams (cut by a cancellation or timeout, stopped
+        early, or malformed)."""
         del conn
 
 
@@ -129,7 +214,7 @@ class HTTP2Connection(PoolEntry):
         super().__init__(origin)
         self.id = next_connection_id()
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = _H2Connection(config=config)
         self._net = stream
         self.network_stream = NetworkStream(stream)  # the response extension
         self._listener = listener
@@ -138,11 +223,15 @@ class HTTP2Connection(PoolEntry):
         self._ping_timeout = ping_timeout
         self._streams: dict[int, H2Stream] = {}
         self._sleepers: OrderedDict[_Sleeper, None] = OrderedDict()
+        self._window_waiters: dict[H2Stream, None] = {}
         self._reading = False
         self._write_lock = anyio.Lock()
         self._broken: tuple[type[httpx.TransportError], str] | None = None
         self._got_settings = False
-        self._pong: _Sleeper | None = None
+        self._window = RECEIVE_WINDOW  # our connection-level receive window, granted
+        self._ping_payload: bytes | None = None  # a health-check PING in flight
+        self._ping_deadline = 0.0
+        self._pong_waiters: dict[_Sleeper, None] = {}
         self._frames = FrameSplitter()
         self.last_frame_at = time.monotonic()
 
@@ -153,12 +242,10 @@ class HTTP2Connection(PoolEntry):
         settings.enable_push = 0
         settings.max_concurrent_streams = 100
         settings.max_header_list_size = 64 * 1024
-        # The stream window stays at the protocol's 65,535 bytes (some servers, hypercorn
-        # among them, do not apply a larger SETTINGS_INITIAL_WINDOW_SIZE to the streams they
-        # send on); h2 grants more as the body is consumed.  The connection window is
-        # raised at once so concurrent streams do not starve each other.
+        # The connection window is raised at once so concurrent streams do not starve
+        # each other (stream windows stay at STREAM_WINDOW).
         self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(RECEIVE_WINDOW - 65535)
+        self._h2.increment_flow_control_window(RECEIVE_WINDOW - STREAM_WINDOW)
         trace: TraceFn | None = request.extensions.get("trace")
         await emit(trace, "http2.send_connection_init.started", {"request": request})
         try:
@@ -185,8 +272,7 @@ class HTTP2Connection(PoolEntry):
             return Discard.NOT_REUSABLE
         silent = time.monotonic() - self.last_frame_at
         due = self._ping_after is not None and silent >= self._ping_after
-        if due and not await self._ping():
-            self._break(httpx.ReadTimeout, "PING not answered in time")
+        if (due or self._ping_payload is not None) and not await self._ping():
             return Discard.PING_TIMEOUT
         return None
 
@@ -211,13 +297,19 @@ class HTTP2Connection(PoolEntry):
         """Whether h2 has bytes queued (so a flush is needed)."""
         return bool(getattr(self._h2, "_data_to_send", True))
 
-    async def _flush(self, request: httpx.Request, timeouts: Timeouts) -> None:
+    async def _flush(
+        self, request: httpx.Request, timeouts: Timeouts, *, last_words: bool = False
+    ) -> None:
         """Send what h2 has queued.  Shielded: a cancelled write would leave a partial frame
-        on the wire; bounded by the write timeout instead.  A failure breaks the connection."""
+        on the wire; bounded by the write timeout instead.  A failure breaks the connection.
+
+        Once the connection is broken nothing more is sent (RFC 9113 §5.4.1: after a
+        connection error's GOAWAY, close), but for ``last_words``: the flush right after
+        the read that broke it, which carries h2's GOAWAY."""
         with anyio.CancelScope(shield=True):
             async with self._write_lock:
                 data = self._h2.data_to_send()
-                if not data:
+                if not data or (self._broken is not None and not last_words):
                     return
                 write_timeout = timeouts.write or MAX_SHIELDED_WRITE
                 try:
@@ -225,6 +317,12 @@ class HTTP2Connection(PoolEntry):
                 except httpx.TransportError as exc:
                     self._break(type(exc), str(exc))
                     raise
+
+    async def _flush_quietly(self, *, last_words: bool = False) -> None:
+        """Flush frames that serve no request in particular (resets, acks): a failure only
+        breaks the connection, for its streams to report."""
+        with contextlib.suppress(httpx.TransportError):
+            await self._flush(_INTERNAL, _NO_TIMEOUTS, last_words=last_words)
 
     # -- reading -------------------------------------------------------------------------
     async def wait_until(self, sleeper: _Sleeper, ready: Callable[[], bool]) -> None:
@@ -266,6 +364,12 @@ class HTTP2Connection(PoolEntry):
             self._break(httpx.RemoteProtocolError, "Server disconnected.")
             return
         self.last_frame_at = time.monotonic()
+        self._receive(data)
+        if self.pending_output():  # SETTINGS acks, window updates, PING answers, resets
+            await self._flush_quietly(last_words=True)
+
+    def _receive(self, data: bytes) -> None:
+        """Hand ``data`` to h2 (GOAWAYs taken out first, see ``_h2frames``), dispatch."""
         try:
             data, goaways = self._frames.feed(data)
         except FrameSizeError as exc:
@@ -280,51 +384,79 @@ class HTTP2Connection(PoolEntry):
             self._dispatch(event)
         for goaway in goaways:
             self._goaway(goaway.last_stream_id)
-        if self.pending_output():  # SETTINGS acks, window updates, PING answers
-            with contextlib.suppress(httpx.TransportError):  # _flush broke the connection
-                await self._flush(_INTERNAL, _NO_TIMEOUTS)
 
     def _dispatch(self, event: h2.events.Event) -> None:
-        stream_id = getattr(event, "stream_id", 0) or 0
-        stream = self._streams.get(stream_id)
-        if isinstance(
-            event,
-            h2.events.ResponseReceived
-            | h2.events.DataReceived
-            | h2.events.StreamEnded
-            | h2.events.TrailersReceived
-            | h2.events.InformationalResponseReceived,
-        ):
+        if isinstance(event, _ACTIVE):
+            stream = self._streams.get(event.stream_id)
             if stream is None:  # a stream we reset: give the connection window back
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
-                    self._ack(event.flow_controlled_length, stream_id)
+                    self._ack(event.flow_controlled_length, event.stream_id)
                 return
+            if isinstance(event, h2.events.ResponseReceived):
+                if not self._response_received(stream, event):
+                    return
+            elif isinstance(event, h2.events.StreamEnded):
+                stream.remote_ended = True
+                if stream.sent_end:  # closed on both sides
+                    self._forget(stream)
+                else:  # the response is complete before the request: stop sending (§8.1)
+                    self._close_stream(stream)
+                    self._listener.on_reset(self)
             stream.events.append(event)
             self._wake(stream)
-        elif isinstance(event, h2.events.StreamReset):
-            if stream is not None:
-                if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
-                    stream.refused = True
-                else:
-                    stream.reset_code = int(event.error_code or 0)
-                self._wake(stream)
         elif isinstance(event, h2.events.WindowUpdated):
-            targets = list(self._streams.values()) if stream is None else [stream]
-            for target in targets:
-                if target.wants_window:
-                    self._wake(target)
+            if event.stream_id:
+                waiter = self._streams.get(event.stream_id)
+                if waiter is not None and waiter in self._window_waiters:
+                    self._wake(waiter)
+            else:
+                for waiter in list(self._window_waiters):
+                    self._wake(waiter)
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self._streams.get(event.stream_id)
+            if stream is not None:
+                self._forget(stream)
+                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+                if refused and stream.head is None:
+                    stream.refused = True  # not processed (RFC 9113 §8.7): replayable
+                else:
+                    stream.received_any = True  # answered, with a reset: not a stale connection
+                    stream.error = f"stream reset by the server (error code {event.error_code})"
+                self._wake(stream)
+        elif isinstance(event, _BodyLengthMismatch):
+            self._stream_error(event.stream_id, event.message)
+        elif isinstance(event, h2.events.InformationalResponseReceived):
+            stream = self._streams.get(event.stream_id)
+            if stream is not None:
+                stream.received_any = True  # 1xx: the response is still to come (§8.1)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_changed(event)
+        elif isinstance(event, h2.events.PingAckReceived):
+            if self._ping_payload is not None and event.ping_data == self._ping_payload:
+                self._ping_payload = None  # only our own 8 bytes answer it (§6.7)
+                for pong in list(self._pong_waiters):
+                    self._wake(pong)
         elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
             self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
-        elif isinstance(event, h2.events.PingAckReceived) and self._pong is not None:
-            pong, self._pong = self._pong, None
-            self._wake(pong)
+
+    def _response_received(self, stream: H2Stream, event: h2.events.ResponseReceived) -> bool:
+        """Keep the response head; False if it is malformed (the stream was failed)."""
+        head, length = response_head(event.headers, stream.stream_id)
+        if head is None:
+            self._stream_error(stream.stream_id, "malformed response: invalid :status")
+            return False
+        stream.head = head
+        stream.status = head.status
+        no_content = stream.head_request or head.status in (204, 304)
+        if event.stream_ended and length and not no_content:
+            # A length announced, and no DATA at all (h2 checks DATA frames only).
+            self._stream_error(stream.stream_id, _length_mismatch(length, 0))
+            return False
+        return True
 
     def _settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         codes = h2.settings.SettingCodes
         changed = event.changed_settings
-        window_change = codes.INITIAL_WINDOW_SIZE in changed
         if codes.MAX_CONCURRENT_STREAMS in changed or not self._got_settings:
             self._got_settings = True
             peer = (
@@ -332,21 +464,54 @@ class HTTP2Connection(PoolEntry):
                 if (codes.MAX_CONCURRENT_STREAMS in changed)
                 else DEFAULT_PEER_STREAMS
             )
-            cap = peer if self._max_streams is None else min(peer, self._max_streams)
+            ours = MAX_STREAMS if self._max_streams is None else self._max_streams
+            cap = min(peer, ours, MAX_STREAMS)
+            self._cover_streams(cap)
             self._listener.on_cap(self, cap)
-        if window_change:
-            for stream in list(self._streams.values()):
-                if stream.wants_window:
-                    self._wake(stream)
+        if codes.INITIAL_WINDOW_SIZE in changed:
+            for waiter in list(self._window_waiters):
+                self._wake(waiter)
+
+    def _cover_streams(self, cap: int) -> None:
+        """Grow our connection window to hold every stream's window (queued frame)."""
+        needed = cap * STREAM_WINDOW
+        if needed > self._window:
+            self._h2.increment_flow_control_window(needed - self._window)
+            self._window = needed
 
     def _goaway(self, last: int) -> None:
         """GOAWAY (RFC 9113 §6.8): streams above ``last`` were not processed; the others
         may finish.  The pool stops giving out streams on this connection (``on_goaway``)."""
-        for stream_id, stream in self._streams.items():
-            if stream_id > last:
-                stream.refused = True  # never processed: safe to replay elsewhere
+        for stream_id, stream in list(self._streams.items()):
+            if stream_id > last and stream.head is None:  # (one answered was processed,
+                stream.refused = True  # whatever the GOAWAY says): safe to replay elsewhere
+                self._close_stream(stream)
                 self._wake(stream)
         self._listener.on_goaway(self)
+
+    def _stream_error(self, stream_id: int, message: str) -> None:
+        """A stream error (RFC 9113 §5.4.2): reset that stream, fail its request, keep the
+        connection."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            return
+        stream.error = message
+        self._close_stream(stream, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        self._listener.on_reset(self)
+        self._wake(stream)
+
+    def _forget(self, stream: H2Stream) -> None:
+        """h2 has closed ``stream``."""
+        self._streams.pop(stream.stream_id, None)
+        stream.live = False
+
+    def _close_stream(self, stream: H2Stream, code: int = _CANCEL) -> None:
+        """Reset ``stream`` (the frame is queued) and forget it."""
+        self._forget(stream)
+        with contextlib.suppress(h2.exceptions.ProtocolError):  # closed or connection gone
+            self._h2.reset_stream(stream.stream_id, code)
 
     def _wake(self, sleeper: _Sleeper) -> None:
         self._sleepers.pop(sleeper, None)
@@ -364,22 +529,47 @@ class HTTP2Connection(PoolEntry):
             raise kind(message, request=request)
 
     def _ack(self, size: int, stream_id: int) -> None:
-        # If the stream is already gone, h2 has credited the connection window itself.
+        # If the stream is already gone, h2 credits the connection window only.
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.acknowledge_received_data(size, stream_id)
 
+    # -- the PING health check -----------------------------------------------------------
     async def _ping(self) -> bool:
-        pong = _Sleeper()
-        self._pong = pong
-        self._h2.ping(os.urandom(8))
-        with anyio.move_on_after(self._ping_timeout):
+        """Send a PING (unless one is in flight) and wait for its verdict: whether it was
+        answered within ``ping_timeout``.  An unanswered PING breaks the connection."""
+        if self._ping_payload is None and self._broken is None:
+            payload = os.urandom(8)
+            try:
+                self._h2.ping(payload)
+            except h2.exceptions.ProtocolError:
+                return False
+            self._ping_payload = payload
+            self._ping_deadline = time.monotonic() + self._ping_timeout
             try:
                 await self._flush(_INTERNAL, Timeouts(None, self._ping_timeout, None))
-                await self.wait_until(pong, lambda: self._pong is not pong)
             except httpx.TransportError:
                 return False
-            return True
-        return False
+        return await self._ping_verdict(0.0)
+
+    async def _ping_verdict(self, grace: float) -> bool:
+        """Wait until the PING in flight is answered (True) or not in time (False).  The
+        check's owner waits with ``grace=0``; requests that came while it was in flight
+        wait a little longer, so that when the owner is there, the verdict is its own (and
+        so is the connection's discard reason)."""
+        waiter = _Sleeper()
+        self._pong_waiters[waiter] = None
+        try:
+            deadline = self._ping_deadline + grace
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await self.wait_until(waiter, lambda: self._ping_payload is None)
+                return True
+        except httpx.TransportError:
+            return False
+        finally:
+            del self._pong_waiters[waiter]
+        if self._ping_payload is not None:  # nobody answered in time
+            self._break(httpx.ReadTimeout, "PING not answered in time")
+        return self._ping_payload is None and self._broken is None
 
 
 class H2Stream(_Sleeper):
@@ -388,14 +578,19 @@ class H2Stream(_Sleeper):
     __slots__ = (
         "conn",
         "ended",
+        "error",
         "events",
+        "head",
+        "head_request",
+        "live",
         "received_any",
         "refused",
-        "reset_code",
+        "remote_ended",
         "reused",
+        "sent_end",
+        "status",
         "stream_id",
         "tracer",
-        "wants_window",
         "wrote_any",
     )
 
@@ -407,30 +602,45 @@ class H2Stream(_Sleeper):
         self.events: deque[h2.events.Event] = deque()
         self.received_any = False
         self.wrote_any = False
-        self.refused = False
-        self.reset_code: int | None = None
-        self.ended = False
-        self.wants_window = False
         self.tracer: Tracer | None = None  # when the request is traced
+        self.live = False  # h2 has it open (it is in ``conn._streams``)
+        self.sent_end = False  # we sent END_STREAM
+        self.remote_ended = False  # the server sent END_STREAM
+        self.ended = False  # the response was read to its end
+        self.refused = False  # not processed by the server: may be replayed
+        self.error: str | None = None  # a reset or a malformed response: the request fails
+        self.status = 0  # of the final response, once it arrived
+        self.head: ResponseHead | None = None
+        self.head_request = False
 
     # -- sending -------------------------------------------------------------------------
     async def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
     ) -> ResponseHead:
         conn, h2c = self.conn, self.conn._h2
+        if conn._ping_payload is not None and not await conn._ping_verdict(PING_GRACE):
+            raise Refused()  # nothing was sent on the dead connection: go elsewhere
+        headers = request_headers(request)
         conn._raise_if_broken(request)
         if conn.draining:
             raise Refused()
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
         self.tracer = tracer = None if trace is None else Tracer(trace, "http2")
+        self.head_request = request.method == "HEAD"
         try:
             self.stream_id = h2c.get_next_available_stream_id()
-            h2c.send_headers(self.stream_id, _request_headers(request), end_stream=not has_body)
+            h2c.send_headers(self.stream_id, headers, end_stream=not has_body)
         except h2.exceptions.TooManyStreamsError:
             raise Refused() from None  # the peer lowered its cap after we were admitted
+        except h2.exceptions.NoAvailableStreamIDError:
+            conn._listener.on_goaway(conn)  # stream ids used up: drain, like a GOAWAY
+            raise Refused() from None
         except h2.exceptions.ProtocolError as exc:
+            conn._raise_if_broken(request)
             raise httpx.LocalProtocolError(str(exc), request=request) from exc
         conn._streams[self.stream_id] = self
+        self.live = True
+        self.sent_end = not has_body
         if tracer is not None:  # (another task may flush our HEADERS during the callback)
             self.wrote_any = True
             tracer.stream_id = self.stream_id
@@ -449,13 +659,12 @@ class H2Stream(_Sleeper):
         while True:
             event = await self._next_event(request, timeouts)
             if isinstance(event, h2.events.ResponseReceived):
-                head = _response_head(event.headers, self.stream_id)
+                head = self.head
+                assert head is not None
                 if tracer is not None:
                     await tracer.complete("receive_response_headers", (head.status, head.headers))
                 return head
-            if isinstance(event, h2.events.StreamEnded):  # pragma: no cover - h2 forbids it
-                raise httpx.RemoteProtocolError("stream ended without a response", request=request)
-            # InformationalResponseReceived (1xx): keep reading.
+            # h2 delivers nothing else before the final response.
 
     async def _send_body(self, request: httpx.Request, timeouts: Timeouts) -> None:
         stream = request.stream
@@ -465,49 +674,77 @@ class H2Stream(_Sleeper):
         async with body_chunks(stream) as chunks:
             async for chunk in chunks:
                 if not await self._send_chunk(memoryview(chunk), request, timeouts):
-                    return  # the server answered (or gave up) early: stop sending
-        h2c = conn._h2
-        try:
-            h2c.end_stream(self.stream_id)
+                    return  # stopped early: the stream is reset once the response is read
+        if not self.live:
+            return
+        if self._window() < 0:
+            # A lowered SETTINGS_INITIAL_WINDOW_SIZE took the window below zero: not even
+            # an empty DATA frame (END_STREAM) may go before it is back (RFC 9113 §6.9.2).
+            await self._wait_for_window(request, timeouts, self._can_end)
+            if not self.live:
+                return
+        try:  # the whole body went: close our side cleanly, even if answered already
+            conn._h2.end_stream(self.stream_id)
         except h2.exceptions.StreamClosedError:
             return
+        except h2.exceptions.ProtocolError as exc:
+            conn._raise_if_broken(request)
+            raise httpx.LocalProtocolError(str(exc), request=request) from exc
+        self.sent_end = True
+        if self.remote_ended:
+            conn._forget(self)
         await conn._flush(request, timeouts)
 
     async def _send_chunk(
         self, data: memoryview, request: httpx.Request, timeouts: Timeouts
     ) -> bool:
-        """Send ``data`` as flow control allows; False if the stream stopped taking data."""
+        """Send ``data`` as flow control allows; False if the upload must stop."""
         conn, h2c = self.conn, self.conn._h2
         while data:
-            if self.events or self.refused or self.reset_code is not None:
+            if self._stop_upload():
                 return False
             window = self._window()
             if window <= 0:
-                self.wants_window = True
-                try:
-                    await run_waiting(
-                        conn.wait_until(self, lambda: self._window() > 0 or bool(self.events)),
-                        "write",
-                        timeouts.write,
-                        request,
-                        timeouts,
-                    )
-                finally:
-                    self.wants_window = False
+                await self._wait_for_window(request, timeouts, self._can_send)
                 continue
             piece, data = data[:window], data[window:]
             try:
                 h2c.send_data(self.stream_id, bytes(piece))
             except h2.exceptions.StreamClosedError:
                 return False
+            except h2.exceptions.ProtocolError as exc:
+                conn._raise_if_broken(request)
+                raise httpx.LocalProtocolError(str(exc), request=request) from exc
             await conn._flush(request, timeouts)
         return True
+
+    def _stop_upload(self) -> bool:
+        """The request body must not go on (see the module docstring, "Uploads")."""
+        return not self.live or self.status >= 300 or self.remote_ended
+
+    async def _wait_for_window(
+        self, request: httpx.Request, timeouts: Timeouts, ready: Callable[[], bool]
+    ) -> None:
+        conn = self.conn
+        conn._window_waiters[self] = None
+        try:
+            await run_waiting(
+                conn.wait_until(self, ready), "write", timeouts.write, request, timeouts
+            )
+        finally:
+            conn._window_waiters.pop(self, None)
+
+    def _can_send(self) -> bool:
+        return self._window() > 0 or self._stop_upload()
+
+    def _can_end(self) -> bool:
+        return self._window() >= 0 or self._stop_upload()
 
     def _window(self) -> int:
         h2c = self.conn._h2
         try:
             window = h2c.local_flow_control_window(self.stream_id)
-        except h2.exceptions.StreamClosedError:
+        except h2.exceptions.ProtocolError:  # closed, or unknown to h2
             return 0
         return min(window, h2c.max_outbound_frame_size)
 
@@ -527,7 +764,7 @@ class H2Stream(_Sleeper):
                 if event.data:
                     return bytes(event.data)
             elif isinstance(event, h2.events.StreamEnded):
-                self._end()
+                self.ended = True
         if tracer is not None:
             await tracer.complete("receive_response_body")
         return None
@@ -541,31 +778,24 @@ class H2Stream(_Sleeper):
                     conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
                 )
         except httpx.TransportError as exc:
-            if self.events or self.refused or self.reset_code is not None:
+            if ready():
                 pass  # our outcome arrived with the failure: report that instead
             elif conn.broken:
                 conn._raise_if_broken(request)
             else:
                 raise exc
         if self.refused:
-            raise Refused()
+            raise Refused(elsewhere=not conn.draining)  # REFUSED_STREAM: try another
         if self.events:
             self.received_any = True
             return self.events.popleft()
-        if self.reset_code is not None:
-            self.received_any = True  # the server answered (with a reset): not a stale connection
-            raise httpx.RemoteProtocolError(
-                f"stream reset by the server (error code {self.reset_code})", request=request
-            )
+        if self.error is not None:
+            raise httpx.RemoteProtocolError(self.error, request=request)
         conn._raise_if_broken(request)
         raise AssertionError("woken with nothing to report")  # pragma: no cover
 
     def _ready(self) -> bool:
-        return bool(self.events) or self.refused or self.reset_code is not None
-
-    def _end(self) -> None:
-        self.ended = True
-        self.conn._streams.pop(self.stream_id, None)
+        return bool(self.events) or self.refused or self.error is not None
 
     # -- ending ----------------------------------------------------------------------------
     def finish_buffered(self) -> bool:
@@ -574,7 +804,7 @@ class H2Stream(_Sleeper):
             if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                 self.conn._ack(event.flow_controlled_length, self.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
-                self._end()
+                self.ended = True
         return self.ended
 
     def completed(self) -> tuple[bool, float | None]:
@@ -589,17 +819,13 @@ class H2Stream(_Sleeper):
             return Discard.ERROR if reason is Discard.UNKNOWN_STATE else reason
         if self.stream_id and not self.ended:
             self.ended = True
-            conn._streams.pop(self.stream_id, None)
             for event in self.events:  # return unread data's window
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                     conn._ack(event.flow_controlled_length, self.stream_id)
             self.events.clear()
-            if not self.refused and self.reset_code is None:
-                try:
-                    conn._h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
-                    conn._listener.on_reset(conn)
-                except h2.exceptions.ProtocolError:
-                    pass  # already closed on the peer's side
+            if self.live:
+                conn._close_stream(self)
+                conn._listener.on_reset(conn)
         return None
 
     async def abandon(self, exc: BaseException) -> Discard | None:
@@ -610,34 +836,3 @@ class H2Stream(_Sleeper):
             except httpx.TransportError:
                 return Discard.ERROR
         return reason
-
-
-def _request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
-    url = request.url
-    authority = request.headers.get("host", url.netloc.decode("ascii")).encode("ascii")
-    target: bytes = request.extensions.get("target", url.raw_path)
-    headers = [
-        (b":method", request.method.encode("ascii")),
-        (b":authority", authority),
-        (b":scheme", url.raw_scheme),
-        (b":path", target),
-    ]
-    for name, value in request.headers.raw:
-        lowered = name.lower()
-        if lowered in _CONNECTION_HEADERS:
-            continue
-        if lowered == b"te" and value.lower() != b"trailers":
-            continue
-        headers.append((lowered, value))
-    return headers
-
-
-def _response_head(raw: Any, stream_id: int) -> ResponseHead:
-    status = 200
-    headers: list[tuple[bytes, bytes]] = []
-    for name, value in raw:
-        if name == b":status":
-            status = int(value)
-        elif not name.startswith(b":"):
-            headers.append((name, value))
-    return ResponseHead(status, headers, b"HTTP/2", b"", stream_id)

@@ -748,11 +748,12 @@ ROWS: list[Row] = [
     Row(
         "h2_refused_stream_replayed",
         lambda: h2script.refuse_stream("/", times=1),
-        Succeeds((b"stream:3",), retried=True, reused=True),
+        # The replay prefers another connection (the refusing one stays, idle).
+        Succeeds((b"stream:1",), retried=True, reused=False),
         deadline=2.0,
         http2=True,
-        stats={"completed": 1, "replays": 1, "connections_created": 1},
-        connections=1,
+        stats={"completed": 1, "replays": 1, "connections_created": 2},
+        connections=2,
     ),
     Row(
         "h2_settings_cap_zero",

@@ -17,16 +17,29 @@ Routes (``:path``, query string ignored):
   the connection keeps reading and serving other streams meanwhile.
 * ``/bytes/<n>`` -- ``n`` bytes of ``b"x"`` (flow-controlled: honours the client's windows).
 * ``/echo`` -- the request body.
+* ``/count`` -- ``b"received:<n>"``, the request body's length, once it is complete.
+* ``/status/<code>`` -- that status, body ``b"status:<code>"``.
+* ``/early/<status>`` -- answered with ``<status>`` as soon as the request HEADERS arrive,
+  before the body; the body is never read (its stream window is never reopened, the
+  connection window is) and the stream is never reset by the server.
+* ``/stall/<name>`` -- the body is not read (stream window never reopened) until event
+  ``<name>`` is set; then it is read and answered as ``/count``. Once the client has
+  used up the stream's window, the stream is *stalled* (event ``"stalled"``,
+  ``srv.stalled``); :meth:`H2ScriptServer.reset_stalled` and
+  :meth:`H2ScriptServer.goaway_now` act on stalled uploads.
+* ``/lie/<declared>/<actual>`` -- ``content-length: <declared>`` with ``<actual>`` bytes.
 * anything else -- ``b"stream:<stream id>"``.
 
-Every response is ``200`` with ``content-length``, ``x-conn: <connection index>`` and
-``x-stream-id: <id>``; a released held stream gets the same body as an unheld one.
+Every response (``200`` unless the route says otherwise) has ``content-length``,
+``x-conn: <connection index>`` and ``x-stream-id: <id>``; a released held stream gets the
+same body as an unheld one.
 
 Behaviours (constructor options; the factories at the bottom name the usual ones):
 ``max_streams`` (SETTINGS_MAX_CONCURRENT_STREAMS, changeable live with
 :meth:`H2ScriptServer.set_max_streams`), ``hold`` (hold *every* request on one event),
-``goaway_after``, ``ack_pings=False``, ``resets`` (RST_STREAM per path) and
-``settings_zero``. They compose.
+``goaway_after``, ``ack_pings=False``, ``wrong_ping_acks`` (ACK with another payload),
+``interim`` (1xx responses sent before every final one), ``resets`` (RST_STREAM per path)
+and ``settings_zero``. They compose.
 
 Accounting (thread-safe, all read under the server lock): a stream is *open* from its
 HEADERS until it is answered (END_STREAM sent), reset by either side, ignored after a
@@ -40,7 +53,7 @@ Named events set by the server (wait with ``await srv.until_event(name)``, a syn
 * ``"<name>.entered"`` -- a first request is held on ``<name>``.
 * ``"settings-acked"`` / ``"settings-acked-<n>"`` -- the client ACKed a SETTINGS frame of
   ours (``<n>``: the MAX_CONCURRENT_STREAMS it carried; the initial SETTINGS count too).
-* ``"ping-received"``, ``"goaway-sent"``, ``"goaway-done"`` (the streams kept by the
+* ``"ping-received"``, ``"stalled"``, ``"goaway-sent"``, ``"goaway-done"`` (the streams kept by the
   GOAWAY are answered; the server then closes the connection), ``"client-goaway"``,
   ``"over-cap"`` (a client opened a stream beyond the acknowledged cap),
   ``"conn-<index>.closed"`` (that connection's thread is done with it).
@@ -55,11 +68,12 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import re
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -69,7 +83,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import GoAwayFrame, PingFrame
 
 from .raw import DEFAULT_TIMEOUT, RECV_SIZE, RawConn, RawServer, run_blocking
 
@@ -92,6 +106,7 @@ __all__ = [
 #: h2's own default for SETTINGS_MAX_CONCURRENT_STREAMS on a server.
 DEFAULT_MAX_STREAMS = 100
 _MCS = h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
+_WINDOW = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
 _PING = 0x6
 _ACK = 0x1
 
@@ -185,6 +200,9 @@ def _strip_ping_acks(data: bytes) -> bytes:
     return bytes(out)
 
 
+_LIE = re.compile(r"/lie/\d+/\d+")
+
+
 def _hold_name(path: str) -> str | None:
     path = path.split("?", 1)[0]
     return path[len("/hold/") :] if path.startswith("/hold/") and len(path) > 6 else None
@@ -209,6 +227,10 @@ class H2ScriptServer(RawServer):
       puts its state machine in CLOSED and would refuse to answer the kept streams.
     * ``ack_pings`` -- ``False``: never ACK a PING (h2 queues the ACK itself; the server
       filters it out of the outgoing bytes). Pings are still recorded (``srv.pings``).
+    * ``wrong_ping_acks`` -- answer every PING with an ACK carrying other bytes than the
+      PING's (RFC 9113 §6.7 requires the same payload).
+    * ``interim`` -- informational statuses (``(100,)``, ``(100, 103)``...) sent on every
+      stream as soon as its request HEADERS arrive, before anything else.
     * ``resets`` -- ``{path: H2Reset(...)}``: RST_STREAM for requests to that exact path
       (query string ignored), once the request is complete.
     * ``settings_zero`` -- after the first response on a connection, send
@@ -229,6 +251,8 @@ class H2ScriptServer(RawServer):
         goaway_answer_kept: bool = True,
         goaway_refuse_above: bool = False,
         ack_pings: bool = True,
+        wrong_ping_acks: bool = False,
+        interim: Sequence[int] = (),
         resets: Mapping[str, H2Reset] | None = None,
         settings_zero: bool = False,
         join_timeout: float = DEFAULT_TIMEOUT,
@@ -241,7 +265,9 @@ class H2ScriptServer(RawServer):
         self.goaway_keep = goaway_keep
         self.goaway_answer_kept = goaway_answer_kept
         self.goaway_refuse_above = goaway_refuse_above
-        self.ack_pings = ack_pings
+        self.ack_pings = ack_pings and not wrong_ping_acks
+        self.wrong_ping_acks = wrong_ping_acks
+        self.interim = tuple(interim)
         self.settings_zero = settings_zero
         self._resets = dict(resets or {})
         self._reset_counts: collections.Counter[str] = collections.Counter()
@@ -263,6 +289,10 @@ class H2ScriptServer(RawServer):
         self._violations: list[H2Stream] = []
         self._protocol_errors: list[str] = []
         self._client_goaways: list[tuple[int, int | None]] = []
+        self._client_resets: list[tuple[int, int, int]] = []
+        self._bytes_after_client_goaway = b""
+        self._stalled: list[tuple[int, int]] = []
+        self._commands: list[Callable[[_Connection], None]] = []
 
     def __enter__(self) -> H2ScriptServer:
         super().__enter__()
@@ -286,6 +316,42 @@ class H2ScriptServer(RawServer):
     def release(self, name: str) -> None:
         """Answer the requests held on ``name``, and later ones at once (sets the event)."""
         self.set_event(name)
+
+    def command(self, action: Callable[[_Connection], None]) -> None:
+        """Run ``action(conn)`` once in the thread of every connection open now (woken at
+        once; connections accepted later do not run it)."""
+        with self._cond:
+            self._commands.append(action)
+        self._wake_all()
+
+    def reset_stalled(self, code: int = h2.errors.ErrorCodes.INTERNAL_ERROR) -> None:
+        """RST_STREAM ``code`` on every stalled upload (see ``/stall/<name>``)."""
+        self.command(lambda conn: conn.reset_stalled(code))
+
+    def open_stalled(self, then: bytes = b"") -> None:
+        """Reopen the windows of the stalled uploads (WINDOW_UPDATE) and send ``then`` (an
+        invalid frame, say) in the same write, so the client reads both at once."""
+        self.command(lambda conn: conn.open_stalled(then))
+
+    def send_raw(self, data: bytes) -> None:
+        """Send ``data`` (an invalid frame, say) on every open connection, after what h2
+        has queued."""
+        self.command(lambda conn: conn.raw.send(conn.h2.data_to_send() + data))
+
+    def set_initial_window(self, size: int) -> None:
+        """SETTINGS_INITIAL_WINDOW_SIZE=``size`` on every open connection (one SETTINGS
+        frame: send the next only once the client has acknowledged this one)."""
+        self.command(lambda conn: conn.set_initial_window(size))
+
+    def mute(self) -> None:
+        """Make every open connection a dead peer: it still reads (``srv.pings`` and
+        events keep working) but never sends another byte. Event ``"muted"`` once done."""
+        self.command(_Connection.mute)
+
+    def goaway_now(self, last_stream_id: int = 0) -> None:
+        """GOAWAY (NO_ERROR, ``last_stream_id``) on every open connection: streams above it
+        are ``ignored``; the others finish, then the connection closes."""
+        self.command(lambda conn: conn.send_goaway(last_stream_id))
 
     # ---- accounting (snapshots)
 
@@ -361,6 +427,24 @@ class H2ScriptServer(RawServer):
         """``(connection index, error code)`` per GOAWAY received from the client."""
         with self._cond:
             return list(self._client_goaways)
+
+    @property
+    def client_resets(self) -> list[tuple[int, int, int]]:
+        """``(connection index, stream id, error code)`` per RST_STREAM received."""
+        with self._cond:
+            return list(self._client_resets)
+
+    @property
+    def bytes_after_client_goaway(self) -> bytes:
+        """What a client sent after its own GOAWAY (nothing, from a correct one)."""
+        with self._cond:
+            return self._bytes_after_client_goaway
+
+    @property
+    def stalled(self) -> list[tuple[int, int]]:
+        """``(connection index, stream id)`` of every upload that stalled on ``/stall/``."""
+        with self._cond:
+            return list(self._stalled)
 
     @property
     def pings(self) -> list[tuple[int, bytes]]:
@@ -525,6 +609,23 @@ class H2ScriptServer(RawServer):
             self._goaways.append((index, last_stream_id))
         self._set("goaway-sent")
 
+    def _after_client_goaway(self, data: bytes) -> None:
+        with self._cond:
+            self._bytes_after_client_goaway += data
+
+    def _client_reset(self, index: int, stream_id: int, code: int) -> None:
+        with self._cond:
+            self._client_resets.append((index, stream_id, code))
+
+    def _stream_stalled(self, index: int, stream_id: int) -> None:
+        with self._cond:
+            self._stalled.append((index, stream_id))
+        self._set("stalled")
+
+    def _pending_commands(self, seen: int) -> list[Callable[[_Connection], None]]:
+        with self._cond:
+            return self._commands[seen:]
+
     def _client_goaway(self, index: int, code: int | None) -> None:
         with self._cond:
             self._client_goaways.append((index, code))
@@ -571,6 +672,13 @@ class _Connection:
         self.held: dict[int, str] = {}
         self.sending: dict[int, bytearray] = {}
         self.goaway_last: int | None = None
+        self.unread: dict[int, int] = {}  # streams whose body is not read: bytes received
+        self.stalls: dict[int, str] = {}  # /stall/<name> streams not released yet
+        self.stalled: set[int] = set()  # ... whose stream window the client has used up
+        self.responded: set[int] = set()  # response HEADERS sent
+        self.muted = False
+        self.client_went_away = False
+        self.commands_seen = len(server._pending_commands(0))
         self.zeroed = False
         self.finished = False
         self.graceful = False
@@ -613,8 +721,14 @@ class _Connection:
             wake_w.close()
             self.server._conn_done(self.index, list(self.streams.values()))
 
+    def mute(self) -> None:
+        self.muted = True
+        self.server._set("muted")
+
     def flush(self) -> None:
         data = self.h2.data_to_send()
+        if self.muted:
+            return
         if data and not self.server.ack_pings:
             data = _strip_ping_acks(data)
         if data:
@@ -629,8 +743,13 @@ class _Connection:
         with selectors.DefaultSelector() as sel:
             sel.register(self.raw.sock, selectors.EVENT_READ)
             while (left := deadline - time.monotonic()) > 0:
-                if sel.select(left) and not self.raw.recv(RECV_SIZE):
+                if not sel.select(left):
+                    continue
+                data = self.raw.recv(RECV_SIZE)
+                if not data:
                     return
+                if self.client_went_away:
+                    self.server._after_client_goaway(data)
 
     # ---- incoming
 
@@ -651,14 +770,27 @@ class _Connection:
         if isinstance(event, ev.RequestReceived):
             self.on_request(event)
         elif isinstance(event, ev.DataReceived):
-            rec = self.streams.get(event.stream_id)
+            sid, size = event.stream_id, event.flow_controlled_length
+            rec = self.streams.get(sid)
             if rec is not None:
                 rec.body += event.data
-            if event.flow_controlled_length:
-                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if sid in self.unread:
+                # Not read: only the connection window is given back, so the client's
+                # stream window stays used up (and other streams are not starved).
+                self.unread[sid] += size
+                if size:
+                    self.h2.increment_flow_control_window(size)
+                window = self.h2.local_settings.initial_window_size
+                if sid in self.stalls and sid not in self.stalled and self.unread[sid] >= window:
+                    self.stalled.add(sid)
+                    self.server._stream_stalled(self.index, sid)
+            elif size:
+                self.h2.acknowledge_received_data(size, sid)
         elif isinstance(event, ev.StreamEnded):
             self.on_request_complete(event.stream_id)
         elif isinstance(event, ev.StreamReset):
+            self.unread.pop(event.stream_id, None)
+            self.server._client_reset(self.index, event.stream_id, int(event.error_code))
             if event.stream_id in self.streams:
                 self.close_stream(event.stream_id, "cancelled", int(event.error_code))
         elif isinstance(event, ev.SettingsAcknowledged):
@@ -667,10 +799,15 @@ class _Connection:
             self.server._settings_acked(self.index, cap)
         elif isinstance(event, ev.PingReceived):
             self.server._ping_received(self.index, event.ping_data)
+            if self.server.wrong_ping_acks:
+                self.flush()  # keep frame order (h2's own ACK is filtered out)
+                wrong = bytes(b ^ 0xFF for b in event.ping_data)
+                self.raw.send(PingFrame(0, opaque_data=wrong, flags=["ACK"]).serialize())
         elif isinstance(event, ev.ConnectionTerminated):
             code = None if event.error_code is None else int(event.error_code)
             self.server._client_goaway(self.index, code)
             self.finished = True  # h2 is CLOSED now: it would refuse to send anything
+            self.graceful = self.client_went_away = True  # record what else comes
 
     def enforced_cap(self) -> int | None:
         """The stream limit the client must be respecting now (``None``: unknown)."""
@@ -695,12 +832,25 @@ class _Connection:
         if cap is not None and len(self.streams) > cap:
             self.server._violation(rec)
             self.reset(sid, h2.errors.ErrorCodes.REFUSED_STREAM, "refused")
-        elif self.goaway_last is not None and sid > self.goaway_last:
+            return
+        if self.goaway_last is not None and sid > self.goaway_last:
             self.drop_above_goaway(sid)
+            return
+        for status in self.server.interim:
+            self.h2.send_headers(sid, [(":status", str(status))])
+        path = rec.path.split("?", 1)[0]
+        if path.startswith("/early/") and path[7:].isdigit():
+            self.unread[sid] = 0
+            self.respond(sid, int(path[7:]), b"early")
+        elif path.startswith("/stall/") and len(path) > 7:
+            self.unread[sid] = 0
+            self.stalls[sid] = path[7:]
 
     def on_request_complete(self, sid: int) -> None:
+        if sid not in self.stalls:
+            self.unread.pop(sid, None)
         rec = self.streams.get(sid)
-        if rec is None or rec.outcome != "open":
+        if rec is None or rec.outcome != "open" or sid in self.responded:
             return
         spec = self.server._take_reset(rec.path)
         if spec is not None:
@@ -718,7 +868,19 @@ class _Connection:
     # ---- outgoing
 
     def progress(self) -> None:
-        """Everything that does not wait for input: cap changes, releases, GOAWAY, data."""
+        """Everything that does not wait for input: commands, cap changes, releases,
+        GOAWAY, data."""
+        commands = self.server._pending_commands(self.commands_seen)
+        self.commands_seen += len(commands)
+        for action in commands:
+            action(self)
+        for sid, name in list(self.stalls.items()):
+            if self.server.event(name).is_set():
+                del self.stalls[sid]
+                self.stalled.discard(sid)
+                received = self.unread.pop(sid, 0)
+                if received and sid in self.streams:
+                    self.h2.increment_flow_control_window(received, stream_id=sid)
         with self.server._cond:
             cap, generation = self.server._cap, self.server._cap_generation
         if generation != self.cap_generation and cap is not None:
@@ -726,7 +888,7 @@ class _Connection:
             self.send_cap(cap)
         k = self.server.goaway_after
         if k is not None and self.goaway_last is None and len(self.held) >= k:
-            self.send_goaway()
+            self.goaway_after_held()
         for sid, name in list(self.held.items()):
             if self.server.event(name).is_set():
                 self.respond(sid)
@@ -737,15 +899,37 @@ class _Connection:
             self.server._set("goaway-done")
             self.finished = self.graceful = True
 
+    def set_initial_window(self, size: int) -> None:
+        self.h2.update_settings({_WINDOW: size})
+        self.unacked.append(self.enforced_cap())  # (its ACK leaves the cap as it is)
+
     def send_cap(self, cap: int) -> None:
         self.h2.update_settings({_MCS: cap})
         self.unacked.append(cap)
         self.server._cap_sent(self.index, cap)
 
-    def send_goaway(self) -> None:
+    def goaway_after_held(self) -> None:
         held = sorted(self.held)
         keep = self.server.goaway_keep
-        last = held[keep - 1] if keep else 0
+        self.send_goaway(held[keep - 1] if keep else 0)
+
+    def reset_stalled(self, code: int) -> None:
+        for sid in sorted(self.stalled):
+            self.stalled.discard(sid)
+            self.stalls.pop(sid, None)
+            self.unread.pop(sid, None)
+            if sid in self.streams:
+                self.reset(sid, code, "reset")
+
+    def open_stalled(self, then: bytes) -> None:
+        for sid in sorted(self.stalled):
+            if sid in self.streams:
+                self.h2.increment_flow_control_window(self.unread[sid], stream_id=sid)
+                self.unread[sid] = 0
+        self.stalled.clear()
+        self.raw.send(self.h2.data_to_send() + then)
+
+    def send_goaway(self, last: int) -> None:
         self.flush()  # keep frame order: whatever h2 queued goes first
         self.raw.send(GoAwayFrame(0, last_stream_id=last, error_code=0).serialize())
         self.goaway_last = last
@@ -768,17 +952,31 @@ class _Connection:
             head.insert(1, ("content-length", str(length)))
         return head
 
-    def respond(self, sid: int) -> None:
+    def respond(self, sid: int, status: int = 200, body: bytes | None = None) -> None:
         rec = self.streams[sid]
         path = rec.path.split("?", 1)[0]
-        if path == "/echo":
+        declared: int | None = None
+        if body is not None:
+            pass
+        elif path == "/echo":
             body = rec.body
+        elif path == "/count" or path.startswith("/stall/"):
+            body = b"received:%d" % len(rec.body)
         elif path.startswith("/bytes/") and path[7:].isdigit():
             body = b"x" * int(path[7:])
+        elif path.startswith("/status/") and path[8:].isdigit():
+            status = int(path[8:])
+            body = b"status:%d" % status
+        elif _LIE.fullmatch(path):
+            declared, actual = (int(n) for n in path.split("/")[2:])
+            body = b"x" * actual
         else:
             body = b"stream:%d" % sid
         self.unhold(sid)
-        self.h2.send_headers(sid, self.response_head(sid, len(body)), end_stream=not body)
+        self.responded.add(sid)
+        head = self.response_head(sid, len(body) if declared is None else declared)
+        head[0] = (":status", str(status))
+        self.h2.send_headers(sid, head, end_stream=not body)
         if body:
             self.sending[sid] = bytearray(body)
             self.pump()
@@ -813,6 +1011,7 @@ class _Connection:
     def close_stream(self, sid: int, outcome: Outcome, code: int | None = None) -> None:
         self.unhold(sid)
         self.sending.pop(sid, None)
+        self.responded.discard(sid)
         rec = self.streams.pop(sid)
         self.server._stream_closed(rec, outcome, code)
         if outcome == "answered" and self.server.settings_zero and not self.zeroed:

@@ -57,6 +57,7 @@ class NodeSessionStats(TypedDict):
     id: int
     open: int
     max: int
+    live: bool
 
 
 class NodeStats(TypedDict):

@@ -16,8 +16,14 @@
 // Python side).
 //
 // Data server routes: "/" -> "hello"; "/hold/<name>" -> "released:<name>" once released;
-// "/bytes/<n>" -> n bytes of "x"; anything else -> 404 "not found". Every response has
-// x-session (h2 session number, "h1" for HTTP/1.1) and x-stream-id (h2 only).
+// "/bytes/<n>" -> n bytes of "x"; "/upload" -> "received:<n>" once the whole request body
+// (n bytes) is read; "/status/<code>" -> that status; "/early/<status>" -> that status at
+// once, the request body never read; anything else -> 404 "not found". Every response has
+// x-session (h2 session number, "h1" for HTTP/1.1) and x-stream-id (h2 only). Node answers
+// "expect: 100-continue" with 100 itself (no 'checkContinue' listener).
+// "/adv?..." plays an adversary plan (tests/adversary/plans.py): the modes and effects Node
+// can be made to play (ok, early, reset, refuse, hang, stall; 1xx, SETTINGS caps and
+// windows, GOAWAY, PING, abrupt close).
 "use strict";
 
 const fs = require("fs");
@@ -69,7 +75,7 @@ function stats() {
     totalStreams: state.totalStreams,
     held,
     entered: Object.fromEntries(state.entered),
-    perSession: [...perSession.values()].map((s) => ({ id: s.id, open: s.open, max: s.max })),
+    perSession: [...perSession.values()].map((s) => ({ id: s.id, open: s.open, max: s.max, live: s.live })),
   };
 }
 
@@ -122,10 +128,89 @@ function respond(req, res, status, body) {
   res.end(body);
 }
 
+// ---- the adversary's plans (tests/adversary/plans.py)
+
+function bodyOf(size) {
+  return Buffer.from("0123456789abcdef".repeat(Math.ceil(size / 16) + 1).slice(0, size));
+}
+
+function parsePlan(url) {
+  const q = new URL(url, "http://x").searchParams;
+  const num = (name, dflt) => (q.has(name) ? Number(q.get(name)) : dflt);
+  return {
+    mode: q.get("m") || "ok", status: num("s", 200), size: num("n", 0), interim: num("i", 0),
+    trailers: num("tr", 0), code: num("c", 0), at: q.get("at") || "head", rstAfter: num("er", 0),
+    cap: num("cap", -1), window: num("win", -1), windowBack: num("wb", 0), goaway: num("ga", 0),
+    serverPing: num("sp", 0), close: num("close", 0),
+  };
+}
+
+function connectionEffects(stream, plan) {
+  const session = stream.session;
+  if (plan.cap >= 0) session.settings({ maxConcurrentStreams: plan.cap });
+  if (plan.window >= 0) {
+    session.settings({ initialWindowSize: plan.window });
+    if (plan.windowBack) {
+      setTimeout(() => session.destroyed || session.settings({ initialWindowSize: 65535 }), plan.windowBack);
+    }
+  }
+  if (plan.serverPing) session.ping(() => {});
+  if (plan.goaway) session.goaway(0, Math.max(0, plan.goaway === 1 ? stream.id : stream.id - 2));
+  if (plan.close) setTimeout(() => session.destroyed || session.destroy(), plan.close);
+}
+
+// The core stream API, not the compatibility one: its responses always wait for trailers,
+// and Node 20 aborts (an assertion in Http2Stream::OnTrailers) when such a stream is
+// destroyed with data pending, as a client's reset or ours does.
+function answer(stream, plan, actual, resetCode = -1) {
+  if (stream.destroyed || stream.headersSent) return;
+  const headers = { ":status": plan.status, "content-length": plan.size };
+  stream.respond(headers, { endStream: actual === 0 && resetCode < 0 });
+  if (resetCode >= 0) {
+    stream.write(bodyOf(actual), () => stream.destroyed || stream.close(resetCode));
+  } else if (actual > 0) {
+    stream.end(bodyOf(actual));
+  }
+  if (plan.rstAfter && resetCode < 0) {
+    stream.on("finish", () => stream.destroyed || stream.close(0));
+  }
+}
+
+function onAdversary(req) {
+  const plan = parsePlan(req.url);
+  const stream = req.stream;
+  connectionEffects(stream, plan);
+  if (stream.destroyed) return;
+  if (plan.mode === "refuse") return stream.close(http2.constants.NGHTTP2_REFUSED_STREAM);
+  if (plan.mode === "reset" && plan.at === "head") return stream.close(plan.code);
+  if (plan.interim >= 1) stream.additionalHeaders({ ":status": 100 });
+  if (plan.interim >= 2) stream.additionalHeaders({ ":status": 103, link: "</a.css>; rel=preload" });
+  if (plan.mode === "early") return answer(stream, plan, plan.size);
+  if (plan.mode === "stall") return stream.pause();
+  stream.resume();
+  stream.on("end", () => {
+    if (plan.mode === "ok") answer(stream, plan, plan.size);
+    else if (plan.mode === "reset") answer(stream, plan, Math.floor(plan.size / 2), plan.code);
+    // hang: never answered
+  });
+}
+
 function onRequest(req, res) {
-  req.resume(); // drain any request body
   const path = req.url.split("?")[0];
+  if (path === "/adv" && req.stream) return onAdversary(req);
+  if (path.startsWith("/early/")) return respond(req, res, Number(path.slice(7)), "early");
+  if (path === "/upload") {
+    let received = 0;
+    req.on("data", (chunk) => (received += chunk.length));
+    req.on("end", () => respond(req, res, 200, `received:${received}`));
+    return;
+  }
+  req.resume(); // drain any request body
   if (path === "/") return respond(req, res, 200, "hello");
+  if (path.startsWith("/status/")) {
+    const status = Number(path.slice(8));
+    return respond(req, res, status, `status:${status}`);
+  }
   if (path.startsWith("/bytes/")) return respond(req, res, 200, "x".repeat(Number(path.slice(7))));
   if (path.startsWith("/hold/") && path.length > 6) {
     const name = decodeURIComponent(path.slice(6));

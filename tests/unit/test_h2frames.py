@@ -1,12 +1,21 @@
-"""The GOAWAY splitter: every other frame passes through byte for byte, however the
-stream is cut into reads; GOAWAYs are reported in order."""
+"""What h2 gets from the wire: the GOAWAY splitter passes every other frame through byte
+for byte, however the stream is cut into reads, and reports GOAWAYs in order; and the h2
+connection we drive (``_H2Connection``) treats a body that contradicts its content-length
+as a stream error, which checks the one private h2 method it overrides."""
 
 from __future__ import annotations
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import pytest
+from hyperframe.frame import RstStreamFrame
 from hypothesis import given
 from hypothesis import strategies as st
 
 from httpx_bulkhead._h2frames import FrameSplitter, GoAway
+from httpx_bulkhead._http2 import _BodyLengthMismatch, _H2Connection
 
 
 def frame(kind: int, stream_id: int, payload: bytes) -> bytes:
@@ -74,8 +83,6 @@ def test_payload_fast_path_passes_large_reads_through() -> None:
 
 
 def test_oversized_goaway_is_refused_before_it_is_buffered() -> None:
-    import pytest
-
     from httpx_bulkhead._h2frames import FrameSizeError
 
     splitter = FrameSplitter()
@@ -83,3 +90,60 @@ def test_oversized_goaway_is_refused_before_it_is_buffered() -> None:
     with pytest.raises(FrameSizeError):
         splitter.feed(header[:5])  # even split inside the header
         splitter.feed(header[5:])
+
+
+# -- content-length mismatches are stream errors (_H2Connection) -------------------------
+
+
+def _pair() -> tuple[h2.connection.H2Connection, _H2Connection]:
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    client = _H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    client.data_to_send()
+    return server, client
+
+
+def _request(server: h2.connection.H2Connection, client: _H2Connection, method: str) -> int:
+    stream_id: int = client.get_next_available_stream_id()
+    headers = [(":method", method), (":scheme", "http"), (":authority", "a"), (":path", "/")]
+    client.send_headers(stream_id, headers, end_stream=True)
+    server.receive_data(client.data_to_send())
+    return stream_id
+
+
+@pytest.mark.parametrize(
+    ("method", "announced", "sent"), [("GET", 10, 20), ("GET", 20, 10), ("HEAD", 5, 5)]
+)
+def test_a_body_contradicting_its_length_fails_its_stream_only(
+    method: str, announced: int, sent: int
+) -> None:
+    server, client = _pair()
+    bad = _request(server, client, method)
+    good = _request(server, client, "GET")
+    server.send_headers(bad, [(":status", "200"), ("content-length", str(announced))])
+    server.send_data(bad, b"x" * sent, end_stream=True)
+    server.send_headers(good, [(":status", "200"), ("content-length", "2")])
+    server.send_data(good, b"ok", end_stream=True)
+    events = client.receive_data(server.data_to_send())  # h2 alone would raise here
+    mismatches = [e for e in events if isinstance(e, _BodyLengthMismatch)]
+    assert [(e.stream_id, "content-length" in e.message) for e in mismatches] == [(bad, True)]
+    data = [e.data for e in events if isinstance(e, h2.events.DataReceived)]
+    assert data == [b"ok"]  # the other stream is whole, the offending DATA never surfaced
+    ended = [e.stream_id for e in events if isinstance(e, h2.events.StreamEnded)]
+    assert ended == [good]
+    # The stream was reset and the connection window given back; the connection goes on.
+    out = client.data_to_send()
+    assert RstStreamFrame(bad, error_code=h2.errors.ErrorCodes.PROTOCOL_ERROR).serialize() in out
+    server.receive_data(out)
+    assert client.open_outbound_streams == 0
+    assert client.inbound_flow_control_window == server.outbound_flow_control_window
+    third = _request(server, client, "GET")
+    server.send_headers(third, [(":status", "204")], end_stream=True)
+    last = client.receive_data(server.data_to_send())
+    assert [type(e) for e in last] == [h2.events.ResponseReceived, h2.events.StreamEnded]
