@@ -8,8 +8,11 @@ address used is 127.0.0.2, which is loopback too, as a target every proxy must r
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import socket
 import struct
+import warnings
 from collections.abc import Callable, Iterator
 
 import anyio
@@ -124,19 +127,108 @@ def test_egress_only_reaches_loopback(egress: ProxyEgress, target: HypercornServ
     assert egress.ledger.stats(f"localhost:{target.port}").opened == 1
 
 
+@contextlib.contextmanager
+def httpcore_leaks_the_socket() -> Iterator[None]:
+    """httpcore (1.0.9) leaves the socket of a failed SOCKS handshake unclosed, on both
+    backends: its ResourceWarning is silenced here, and the socket collected before the
+    block ends rather than in a later test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        yield
+        gc.collect()
+
+
+def socks5_raw(port: int, auth: bytes | None = None) -> socket.socket:
+    """A raw SOCKS5 client past the greeting (and authentication)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    sock.sendall(b"\x05\x01" + (b"\x00" if auth is None else b"\x02"))
+    assert sock.recv(2) == (b"\x05\x00" if auth is None else b"\x05\x02")
+    if auth is not None:
+        sock.sendall(auth)
+    return sock
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n and (chunk := sock.recv(n - len(data))):
+        data += chunk
+    return data
+
+
+async def test_egress_as_socks5_proxy_with_auth(target: HypercornServer) -> None:
+    with ProxyEgress(auth=("u", "pw")) as socks:
+        async with client(f"socks5://u:pw@127.0.0.1:{socks.port}") as c:
+            assert await gets(c, f"http://localhost:{target.port}/") == [(200, b"hello")]
+        with httpcore_leaks_the_socket():
+            async with client(f"socks5://u:nope@127.0.0.1:{socks.port}") as c:
+                with pytest.raises(httpx.ProxyError, match="Invalid username/password"):
+                    await c.get(f"{target.url}/")
+            async with client(socks.url) as c:
+                with pytest.raises(httpx.ProxyError, match="NO ACCEPTABLE METHODS"):
+                    await c.get(f"{target.url}/")
+        assert socks.ledger.names == [f"localhost:{target.port}"]
+        assert socks.ledger.stats(hostport(target)).opened == 0  # the refused never got there
+
+
+async def test_egress_reply_codes(target: HypercornServer) -> None:
+    with ProxyEgress(script=lambda stage, t: 5 if stage == "connect" else None) as socks:
+        with httpcore_leaks_the_socket():
+            async with client(socks.url) as c:
+                with pytest.raises(httpx.ProxyError, match="could not connect: Connection refused"):
+                    await c.get(f"{target.url}/")
+        assert socks.ledger.targets() == {}
+
+
+def test_egress_faults_on_the_wire(target: HypercornServer) -> None:
+    """Proven with a raw client: httpcore reads a SOCKS reply in one read and lets
+    socksio's ``ProtocolError`` escape on a short or malformed one, so it cannot tell."""
+    request = b"\x05\x01\x00\x01\x7f\x00\x00\x01" + struct.pack("!H", target.port)
+    get = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{target.port}\r\n\r\n".encode()
+
+    def connect_trickled(stage: str, t: str) -> Send | None:
+        reply = b"\x05\x00\x00\x01\x7f\x00\x00\x01\x00\x01"
+        return Send(reply, "proceed", byte_delay=0.002) if stage == "connect" else None
+
+    with ProxyEgress(script=connect_trickled) as socks, socks5_raw(socks.port) as sock:
+        sock.sendall(request)
+        pieces = [sock.recv(10) for _ in range(10)]
+        assert [len(p) for p in pieces] == [1] * 10  # one byte per segment
+        sock.sendall(get)
+        assert recv_exactly(sock, 12) == b"HTTP/1.1 200"
+
+    def garbage_greeting(stage: str, t: str) -> Send | None:
+        return Send(b"HTTP/1.1 400 Bad\r\n\r\n") if stage == "greeting" else None
+
+    with ProxyEgress(script=garbage_greeting) as socks:
+        with socket.create_connection(("127.0.0.1", socks.port), timeout=TIMEOUT) as sock:
+            sock.sendall(b"\x05\x01\x00")
+            assert recv_exactly(sock, 64) == b"HTTP/1.1 400 Bad\r\n\r\n"  # then EOF
+
+    def cut_auth(stage: str, t: str) -> Send | None:
+        return Send(b"\x01") if stage == "auth" else None
+
+    with ProxyEgress(auth=("u", "pw"), script=cut_auth) as socks:
+        with socks5_raw(socks.port, auth=b"\x01\x01u\x02pw") as sock:
+            assert recv_exactly(sock, 8) == b"\x01"
+
+
 # --------------------------------------------------------------------------- tinyproxy
 
 
 async def test_tinyproxy_forwards_and_tunnels(
     tinyproxy: TinyProxy, egress: ProxyEgress, target: HypercornServer, tls_target: HypercornServer
 ) -> None:
-    before = len(tinyproxy.requests())
+    before, connections = len(tinyproxy.requests()), tinyproxy.client_connections()
     async with client(tinyproxy.url) as c:
-        assert await gets(c, f"{target.url}/", f"{tls_target.url}/") == [(200, b"hello")] * 2
-    lines = tinyproxy.wait_requests(before + 2)[before:]
-    assert lines == [("GET", f"{target.url}/"), ("CONNECT", hostport(tls_target))]
+        assert (
+            await gets(c, f"{target.url}/", f"{target.url}/", f"{tls_target.url}/")
+            == [(200, b"hello")] * 3
+        )
+    lines = tinyproxy.wait_requests(before + 3)[before:]
+    assert lines == [("GET", f"{target.url}/")] * 2 + [("CONNECT", hostport(tls_target))]
+    assert tinyproxy.client_connections() - connections == 3  # it closes after a forward
     await egress.ledger.until(lambda led: led.stats(hostport(tls_target)).open_now == 0)
-    assert egress.ledger.stats(hostport(target)).opened == 1
+    assert egress.ledger.stats(hostport(target)).opened == 2
     assert egress.ledger.stats(hostport(tls_target)).opened == 1
 
 
