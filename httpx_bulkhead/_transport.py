@@ -131,6 +131,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._clock = _clock
         self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
         self._timers = Timers()
+        self._unbound = True
         self._evicted: CompartmentStats | None = None
         self._router: Router[Compartment] = Router(
             hosts or {},
@@ -162,8 +163,9 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         """
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
-        if not self._timers.bound:
-            self._timers.bind()  # the loop that owns this transport
+        if self._unbound:  # the first request: remember the loop that owns the transport
+            self._timers.bind()
+            self._unbound = not self._timers.bound
         url = request.url
         scheme = url.raw_scheme
         if scheme not in _DEFAULT_PORTS:
