@@ -529,7 +529,12 @@ class HTTP2Connection(PoolEntry):
             raise kind(message, request=request)
 
     def _ack(self, size: int, stream_id: int) -> None:
-        # If the stream is already gone, h2 credits the connection window only.
+        # If the stream is already gone, h2 credits the connection window only.  Not on a
+        # broken connection: h2 queues a connection-level WINDOW_UPDATE even after it has
+        # closed the connection with a GOAWAY, and that frame could then follow the GOAWAY
+        # out with the reader's last flush (RFC 9113 §6.8 ends the connection there).
+        if self._broken is not None:
+            return
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.acknowledge_received_data(size, stream_id)
 

@@ -147,3 +147,49 @@ def test_a_body_contradicting_its_length_fails_its_stream_only(
     server.send_headers(third, [(":status", "204")], end_stream=True)
     last = client.receive_data(server.data_to_send())
     assert [type(e) for e in last] == [h2.events.ResponseReceived, h2.events.StreamEnded]
+
+
+class _Quiet:
+    """A ``NetStream`` never used: the test drives the connection's frame handling only."""
+
+    alpn = "h2"
+
+
+def test_nothing_is_queued_after_the_goaway_of_a_connection_error() -> None:
+    """h2 queues a connection WINDOW_UPDATE for acknowledged data even after it closed the
+    connection; a stream reading its buffered body after a connection error must not, or
+    the frame follows our GOAWAY out (the adversary saw a server reject it, under trio)."""
+    from httpx_bulkhead._http2 import ConnectionListener, HTTP2Connection
+
+    conn = HTTP2Connection(
+        ("http", "example", 80),
+        _Quiet(),  # type: ignore[arg-type]
+        listener=ConnectionListener(),
+        max_streams=None,
+        ping_after=None,
+        ping_timeout=1.0,
+    )
+    client = conn._h2
+    client.initiate_connection()
+    client.send_headers(
+        1,
+        [
+            (b":method", b"GET"),
+            (b":path", b"/"),
+            (b":scheme", b"http"),
+            (b":authority", b"example"),
+        ],
+        end_stream=True,
+    )
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    server.send_headers(1, [(b":status", b"200")])
+    server.send_data(1, b"x" * 1000)
+    conn._receive(server.data_to_send())
+    client.data_to_send()  # what the reader flushed
+    conn._receive(frame(0x4, 1, b""))  # SETTINGS on a stream: a connection error
+    assert conn.broken
+    assert client.data_to_send()[3] == 0x7  # h2's GOAWAY: the last frame we may send
+    conn._ack(9_000_000, 1)  # the streams read what they had buffered: past half the window
+    assert client.data_to_send() == b""
