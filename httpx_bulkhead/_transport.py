@@ -192,7 +192,13 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             deadline = None
             if policy.request_timeout is not None:
                 deadline = time.monotonic() + policy.request_timeout
-            timeouts = Timeouts(timeout.get("read"), timeout.get("write"), deadline)
+            timeouts = Timeouts(
+                timeout.get("read"),
+                timeout.get("write"),
+                deadline,
+                compartment.name,
+                policy.request_timeout,
+            )
             conn, exchange, head, retried, conn_wait = await compartment.send(
                 request,
                 origin,
