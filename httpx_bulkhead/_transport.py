@@ -7,6 +7,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
+from typing import NoReturn
 
 import httpx
 
@@ -30,10 +31,18 @@ DEFAULT_HTTP1_PARSER = "h11"
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
 #: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
 STATISTICS_THREAD_WAIT = 1.0
+#: Raised (``TypeError``) when a synchronous ``httpx.Client`` is given this transport.
+SYNC_CLIENT_ERROR = (
+    "BulkheadTransport is an async transport: use it with httpx.AsyncClient, not"
+    " httpx.Client. There is no synchronous BulkheadTransport yet; with httpx.Client, give"
+    " each dependency its own client and pool, e.g. httpx.Client(transport=httpx.HTTPTransport("
+    "limits=httpx.Limits(max_connections=N))): separate pools, but no bounded wait queue,"
+    " acquire timeout or statistics"
+)
 
 
 class BulkheadTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that gives each dependency its own bulkhead.
+    """An httpx transport for ``httpx.AsyncClient`` that gives each dependency its own bulkhead.
 
     Each compartment (an unlisted origin, or a key of ``hosts``) has its own slots, bounded
     FIFO wait queue, acquire timeout and connection pool, so one slow dependency cannot take
@@ -70,6 +79,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
 
     Raises:
         TypeError, ValueError: invalid configuration (the message names the field).
+        TypeError: used by a synchronous ``httpx.Client`` (``__enter__``,
+            ``handle_request``, ``close``); the message says what to use instead.
     """
 
     def __init__(
@@ -280,6 +291,17 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
 
     async def __aenter__(self) -> BulkheadTransport:
         return self
+
+    # A synchronous client (``httpx.Client``) calls these: say what to use instead, rather
+    # than an AttributeError about ``__enter__``.
+    def __enter__(self) -> NoReturn:
+        raise TypeError(SYNC_CLIENT_ERROR)
+
+    def handle_request(self, request: httpx.Request) -> NoReturn:
+        raise TypeError(SYNC_CLIENT_ERROR)
+
+    def close(self) -> NoReturn:
+        raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
 
     async def __aexit__(
         self,
