@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -17,6 +18,7 @@ from ._exceptions import AcquireTimeout, TransportClosed
 from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._response import ResponseStream
+from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
 from ._stats import EVICTED, CompartmentStats, ExchangeInfo, fold_evicted
 from ._timers import Timers
@@ -24,6 +26,7 @@ from ._timers import Timers
 __all__ = ["BulkheadTransport"]
 
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
+_modules = sys.modules
 
 #: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
 DEFAULT_HTTP1_PARSER = "h11"
@@ -171,6 +174,10 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             BulkheadFull, AcquireTimeout, TransportClosed, RequestTimeout, and the httpx
             exceptions of the default transport (``ConnectError``, ``ReadTimeout``, ...).
         """
+        if _modules.get(MOCKS_MODULE) is not None:  # respx is loaded: is it mocking?
+            mocked = await respx_response(request)
+            if mocked is not None:
+                return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
         if not self._timers.bound:
