@@ -299,6 +299,14 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     async def __aenter__(self) -> BulkheadTransport:
         return self
 
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
     # A synchronous client (``httpx.Client``) calls these: say what to use instead, rather
     # than an AttributeError about ``__enter__``.
     def __enter__(self) -> NoReturn:
@@ -309,14 +317,6 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
 
     def close(self) -> NoReturn:
         raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
-        await self.aclose()
 
 
 def _shorter(a: float | None, b: float | None) -> float | None:
