@@ -1,4 +1,4 @@
-"""httpx-bulkhead: an httpx transport with a bulkhead per dependency.
+"""httpx-bulkhead: an httpx transport for ``httpx.AsyncClient`` with a bulkhead per dependency.
 
 Each dependency (a host, ``host:port``, or a path prefix) gets its own compartment: its own
 concurrency limit, bounded FIFO wait queue, acquire timeout and connection pool, so a slow

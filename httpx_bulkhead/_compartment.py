@@ -27,6 +27,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import anyio
 import httpx
@@ -184,11 +185,28 @@ class Compartment(ConnectionListener):
     def record_wait(self, seconds: float) -> None:
         self._waits.record(seconds)
 
-    def _timed_out(self, request: httpx.Request, what: str) -> None:
+    def _timed_out(self, request: httpx.Request, what: str) -> NoReturn:
         self.acquire_timeouts += 1
+        if what == "slot":
+            load = f"{self.limiter.running} running, {self.limiter.waiting} waiting"
+        else:
+            pool = self.pool
+            load = (
+                f"{pool.total} connections, {pool.total - pool.idle} in use,"
+                f" max_connections={pool.max_connections}"
+            )
         raise AcquireTimeout(
-            f"compartment {self.name!r}: no {what} within the acquire timeout", request=request
+            f"compartment {self.name!r}: no {what} within {self._acquire_limit(request)} ({load})",
+            request=request,
         )
+
+    def _acquire_limit(self, request: httpx.Request) -> str:
+        """Which configured value bounded the wait (the shorter one), for messages."""
+        pool = (request.extensions.get("timeout") or {}).get("pool")
+        own = self.policy.acquire_timeout
+        if own is not None and (pool is None or own <= pool):
+            return f"acquire_timeout={own:g} s"
+        return f"the client's pool timeout={pool:g} s"
 
     # -- connections ---------------------------------------------------------------------
     async def checkout(

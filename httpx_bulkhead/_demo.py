@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import math
 import sys
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -68,6 +69,12 @@ SATURATION_TIMEOUT = 10.0
 PLAIN_PERIOD = 1.0
 #: Idle keep-alive connections are closed by the demo servers after this many seconds.
 SERVER_IDLE_TIMEOUT = 30.0
+#: Printed before the bulkhead run: what its compartment rows mean.
+LEGEND = (
+    "[compartment] rows: running/limit = slots in use, waiting = queued for a slot,"
+    " acquire timeouts = gave up waiting,\n  discards = connections closed instead of"
+    " reused (expired, cut mid-exchange, or broken)"
+)
 
 
 # -- configuration -----------------------------------------------------------------------
@@ -230,6 +237,11 @@ class DemoServer:
         future = asyncio.get_running_loop().create_future()
         self._watchers.append((count, future))
         await future
+
+    async def drop_connections(self) -> None:
+        """End every connection (and the requests still being served on them), so the next
+        run starts from nothing: its counters do not show the previous run's connections."""
+        await _cancel(self._handlers)
 
     async def aclose(self) -> None:
         """Stop listening, end every connection and wait for the handlers to finish."""
@@ -447,9 +459,13 @@ def _live_lines(
         f" fast {fast.connections} connections",
     ]
     if isinstance(transport, BulkheadTransport):
-        names = {slow.url.rstrip("/"): "slow", fast.url.rstrip("/"): "fast"}
-        for name, s in sorted(transport.statistics().items()):
-            lines.append(_compartment_line(names.get(name, name), s))
+        stats = transport.statistics()
+        labels = {slow.url.rstrip("/"): "slow", fast.url.rstrip("/"): "fast"}
+        # Slow first, then fast, then anything else by name: never the order of the
+        # (random) port numbers, so the rows do not swap places from one run to the next.
+        order = {"slow": 0, "fast": 1}
+        rows = sorted(stats, key=lambda name: (order.get(labels.get(name, ""), 2), name))
+        lines += [_compartment_line(labels.get(name, name), stats[name]) for name in rows]
     return lines
 
 
@@ -511,6 +527,23 @@ def render_summary(results: Sequence[RunResult]) -> str:
     )
 
 
+def slow_host_note(default: RunResult, bulkhead: RunResult, config: DemoConfig) -> str:
+    """Why the slow host serves fewer calls under bulkheads (when it does): its share of
+    the connections is smaller, which is the point."""
+    shared = sum(r.ok for r in default.of("slow"))
+    walled = sum(r.ok for r in bulkhead.of("slow"))
+    if walled >= shared:
+        return ""
+    n = config.connections
+    text = (
+        f"The slow host served fewer calls under bulkheads ({walled} against {shared}): its"
+        f" compartment has {max(1, n // 2)} connections, not all {n}, because the others"
+        " belong to the fast host. That is the point: a slow dependency gets its own share,"
+        " never everyone's."
+    )
+    return textwrap.fill(text, width=92) + "\n\n"
+
+
 def verdict(bulkhead: RunResult, config: DemoConfig) -> str | None:
     """``None`` if the bulkhead run isolated the fast host, else the reason it did not."""
     fast = bulkhead.of("fast")
@@ -561,7 +594,11 @@ async def run_demo(
         default_run = await run_once(
             "httpx default (one shared pool)", shared, slow, fast, config, n, view
         )
-        out.write("\n")
+        # The slow host still serves the first run's requests: end them, so the second
+        # run's first frame shows its own connections only.
+        await slow.drop_connections()
+        await fast.drop_connections()
+        out.write("\n" + LEGEND + "\n")
         half = max(1, n // 2)
         bulkhead_run = await run_once(
             f"BulkheadTransport ({half} per host)", bulkheads, slow, fast, config, half, view
@@ -570,6 +607,7 @@ async def run_demo(
         await slow.aclose()
         await fast.aclose()
     out.write("\n" + render_summary([default_run, bulkhead_run]) + "\n\n")
+    out.write(slow_host_note(default_run, bulkhead_run, config))
     reason = verdict(bulkhead_run, config)
     if reason is not None:
         out.write(f"FAIL: {reason}\n")

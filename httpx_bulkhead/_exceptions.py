@@ -1,14 +1,25 @@
 """Our exceptions, and the one place where low-level failures become httpx ones.
 
-The tree, as a caller sees it::
+The tree, as a caller sees it (two classes have two parents, so they appear twice)::
 
     httpx.TransportError
-     ├── BulkheadError                 anything the bulkhead itself refused
-     │    ├── BulkheadFull             the compartment's wait queue is full: rejected at once
-     │    ├── TransportClosed          the transport was closed (before or while waiting)
-     │    └── AcquireTimeout           also an httpx.PoolTimeout: no slot/connection in time
+     ├── BulkheadError                a rule of the bulkhead stopped the request
+     │    ├── BulkheadFull            the wait queue (max_pending) is full: rejected at once
+     │    ├── TransportClosed         the transport was closed (before or while waiting)
+     │    ├── AcquireTimeout          no slot or connection within the acquire timeout
+     │    └── RequestTimeout          request_timeout passed: the exchange was abandoned
      └── httpx.TimeoutException
-          └── RequestTimeout           Policy.request_timeout passed: the exchange was abandoned
+          ├── httpx.PoolTimeout
+          │    └── AcquireTimeout     (the same class as above)
+          ├── RequestTimeout          (the same class as above)
+          └── httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout
+
+So ``except BulkheadError`` catches everything the bulkhead itself decided, and code that
+catches httpx's timeouts (``except httpx.TimeoutException``) keeps catching ours.
+
+Messages name the compartment and the configured value that was exceeded (``compartment
+'llm.example.com': no slot within acquire_timeout=0.5 s (3 running, 10 waiting)``); they
+never contain a URL (which could carry credentials) or a header value.
 
 Every other failure is the httpx exception the default transport would raise
 (``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError``, ...), raised ``from`` its cause
@@ -35,7 +46,8 @@ __all__ = [
 
 
 class BulkheadError(httpx.TransportError):
-    """The bulkhead refused the request: no network I/O was attempted for it."""
+    """A rule of the bulkhead stopped the request: a limit or deadline of its ``Policy``, or
+    the transport's state.  Only ``RequestTimeout`` comes after network I/O started."""
 
 
 class BulkheadFull(BulkheadError):
@@ -50,8 +62,9 @@ class AcquireTimeout(httpx.PoolTimeout, BulkheadError):
     """No slot and usable connection within ``Policy.acquire_timeout`` (or httpx's pool timeout)."""
 
 
-class RequestTimeout(httpx.TimeoutException):
-    """``Policy.request_timeout`` passed: the exchange was abandoned and its connection closed."""
+class RequestTimeout(httpx.TimeoutException, BulkheadError):
+    """``Policy.request_timeout`` passed: the exchange was abandoned (an HTTP/1.1 connection
+    closed, an HTTP/2 stream reset).  Also an ``httpx.TimeoutException``."""
 
 
 Phase = Literal["connect", "write", "read"]

@@ -78,12 +78,30 @@ class Timeouts:
     ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
     """
 
-    __slots__ = ("deadline", "read", "write")
+    __slots__ = ("compartment", "deadline", "read", "request_timeout", "write")
 
-    def __init__(self, read: float | None, write: float | None, deadline: float | None) -> None:
+    def __init__(
+        self,
+        read: float | None,
+        write: float | None,
+        deadline: float | None,
+        compartment: str = "",
+        request_timeout: float | None = None,
+    ) -> None:
         self.read = read
         self.write = write
         self.deadline = deadline
+        #: For the message of ``RequestTimeout``: whose deadline, and its configured value.
+        self.compartment = compartment
+        self.request_timeout = request_timeout
+
+    def expired(self, doing: str, request: httpx.Request) -> RequestTimeout:
+        """The ``RequestTimeout`` to raise: the deadline passed while ``doing``."""
+        limit = "" if self.request_timeout is None else f"={self.request_timeout:g} s"
+        return RequestTimeout(
+            f"compartment {self.compartment!r}: request_timeout{limit} passed {doing}",
+            request=request,
+        )
 
     def budget(self, op: float | None) -> tuple[float | None, bool]:
         """``(seconds, is_deadline)``: how long the next operation may take, and whether the
@@ -111,7 +129,7 @@ async def run_io(
     try:
         return await op(arg, limit)
     except Exception as exc:
-        _fail(exc, by_deadline, phase, request)
+        _fail(exc, by_deadline, phase, request, timeouts)
 
 
 async def run_waiting(
@@ -127,14 +145,23 @@ async def run_waiting(
         with anyio.fail_after(limit):
             return await awaitable
     except Exception as exc:
-        _fail(exc, by_deadline, phase, request)
+        _fail(exc, by_deadline, phase, request, timeouts)
 
 
-def _fail(exc: Exception, by_deadline: bool, phase: Phase, request: httpx.Request) -> NoReturn:
+_DOING: dict[Phase, str] = {
+    "connect": "while connecting",
+    "write": "while sending the request",
+    "read": "while waiting for or reading the response",
+}
+
+
+def _fail(
+    exc: Exception, by_deadline: bool, phase: Phase, request: httpx.Request, timeouts: Timeouts
+) -> NoReturn:
     """Raise the httpx exception for a failed I/O operation (``RequestTimeout`` when the
     total deadline, not the operation's own timeout, is what passed)."""
     if by_deadline and isinstance(exc, TimeoutError):
-        raise RequestTimeout("request_timeout passed", request=request) from exc
+        raise timeouts.expired(_DOING[phase], request) from exc
     raise_mapped(exc, phase, request)
 
 

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Awaitable
 import httpx
 
 from ._compartment import Compartment, Outcome
-from ._exceptions import RequestTimeout
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
 from ._timers import TimerHandle
 
@@ -72,7 +71,7 @@ class ResponseStream(httpx.AsyncByteStream):
         self._reading = True
         try:
             if deadline is not None and time.monotonic() >= deadline:
-                raise RequestTimeout("request_timeout passed", request=self._request)
+                raise self._timeouts.expired("while reading the response body", self._request)
             chunk = await self._exchange.receive_body(self._request, self._timeouts)
         except BaseException as exc:
             await self._finish(exc)
@@ -101,9 +100,7 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished or self._reading:
             return None
         self._finished = True
-        self._error = RequestTimeout(
-            "request_timeout passed while the response was held unread", request=self._request
-        )
+        self._error = self._timeouts.expired("while the response was held unread", self._request)
         return self._compartment.end_abandoned(
             self._conn, self._exchange, self._error, Outcome.FAILED
         )

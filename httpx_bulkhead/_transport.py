@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
+from typing import NoReturn
 
 import httpx
 
@@ -16,6 +18,7 @@ from ._exceptions import AcquireTimeout, TransportClosed
 from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._response import ResponseStream
+from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
 from ._stats import EVICTED, CompartmentStats, ExchangeInfo, fold_evicted
 from ._timers import Timers
@@ -23,6 +26,7 @@ from ._timers import Timers
 __all__ = ["BulkheadTransport"]
 
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
+_modules = sys.modules
 
 #: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
 DEFAULT_HTTP1_PARSER = "h11"
@@ -30,10 +34,18 @@ DEFAULT_HTTP1_PARSER = "h11"
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
 #: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
 STATISTICS_THREAD_WAIT = 1.0
+#: Raised (``TypeError``) when a synchronous ``httpx.Client`` is given this transport.
+SYNC_CLIENT_ERROR = (
+    "BulkheadTransport is an async transport: use it with httpx.AsyncClient, not"
+    " httpx.Client. There is no synchronous BulkheadTransport yet; with httpx.Client, give"
+    " each dependency its own client and pool, e.g. httpx.Client(transport=httpx.HTTPTransport("
+    "limits=httpx.Limits(max_connections=N))): separate pools, but no bounded wait queue,"
+    " acquire timeout or statistics"
+)
 
 
 class BulkheadTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that gives each dependency its own bulkhead.
+    """An httpx transport for ``httpx.AsyncClient`` that gives each dependency its own bulkhead.
 
     Each compartment (an unlisted origin, or a key of ``hosts``) has its own slots, bounded
     FIFO wait queue, acquire timeout and connection pool, so one slow dependency cannot take
@@ -70,6 +82,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
 
     Raises:
         TypeError, ValueError: invalid configuration (the message names the field).
+        TypeError: used by a synchronous ``httpx.Client`` (``__enter__``,
+            ``handle_request``, ``close``); the message says what to use instead.
     """
 
     def __init__(
@@ -161,6 +175,10 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             BulkheadFull, AcquireTimeout, TransportClosed, RequestTimeout, and the httpx
             exceptions of the default transport (``ConnectError``, ``ReadTimeout``, ...).
         """
+        if _modules.get(MOCKS_MODULE) is not None:  # respx is loaded: is it mocking?
+            mocked = await respx_response(request)
+            if mocked is not None:
+                return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
         if self._unbound:  # the first request: remember the loop that owns the transport
@@ -194,7 +212,13 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             deadline = None
             if policy.request_timeout is not None:
                 deadline = time.monotonic() + policy.request_timeout
-            timeouts = Timeouts(timeout.get("read"), timeout.get("write"), deadline)
+            timeouts = Timeouts(
+                timeout.get("read"),
+                timeout.get("write"),
+                deadline,
+                compartment.name,
+                policy.request_timeout,
+            )
             conn, exchange, head, retried, conn_wait = await compartment.send(
                 request,
                 origin,
@@ -284,6 +308,17 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         await self.aclose()
+
+    # A synchronous client (``httpx.Client``) calls these: say what to use instead, rather
+    # than an AttributeError about ``__enter__``.
+    def __enter__(self) -> NoReturn:
+        raise TypeError(SYNC_CLIENT_ERROR)
+
+    def handle_request(self, request: httpx.Request) -> NoReturn:
+        raise TypeError(SYNC_CLIENT_ERROR)
+
+    def close(self) -> NoReturn:
+        raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
 
 
 def _shorter(a: float | None, b: float | None) -> float | None:

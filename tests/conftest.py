@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Callable, Iterator
 
 import anyio
@@ -59,3 +60,16 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not predicate():
             await anyio.sleep(0)
+
+
+def pytest_report_header() -> str:
+    """Say up front whether the tests against Node.js's HTTP/2 server will run."""
+    from tests.servers.node import REQUIRE_NODE_ENV
+
+    node = shutil.which("node")
+    if node is not None:
+        return f"Node.js: {node} (the tests against Node's HTTP/2 server run)"
+    return (
+        "Node.js: not on PATH; the tests against Node's HTTP/2 server will be skipped"
+        f" (or fail, with {REQUIRE_NODE_ENV}=1)"
+    )

@@ -35,6 +35,7 @@ import http.client
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -44,13 +45,41 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypedDict, cast
 
+import pytest
+
 from .raw import DEFAULT_TIMEOUT, run_blocking
 from .tls import ServerTLS
 
-__all__ = ["NODE_SCRIPT", "NodeH2Server", "NodeSessionStats", "NodeStats"]
+__all__ = [
+    "NODE_SCRIPT",
+    "REQUIRE_NODE_ENV",
+    "NodeH2Server",
+    "NodeSessionStats",
+    "NodeStats",
+    "require_node",
+]
 
 NODE_SCRIPT = Path(__file__).with_name("node_h2.js")
 LOCALHOST = "127.0.0.1"
+#: Set (to anything but "" or "0") where Node.js must be present, as in CI: a test that
+#: needs Node then fails instead of being skipped when ``node`` is not on PATH.
+REQUIRE_NODE_ENV = "BULKHEAD_REQUIRE_NODE"
+NO_NODE = (
+    "Node.js (`node`) is not on PATH: the tests against Node's HTTP/2 server are skipped"
+    " (install Node.js 18 or later to run them; CI sets " + REQUIRE_NODE_ENV + "=1, which"
+    " makes them fail instead)"
+)
+
+
+def require_node(node: str = "node") -> str:
+    """The path of ``node``; skips the calling test when it is missing (fails it instead
+    when ``BULKHEAD_REQUIRE_NODE`` is set, so CI cannot skip them silently)."""
+    found = shutil.which(node)
+    if found is None:
+        if os.environ.get(REQUIRE_NODE_ENV, "") not in ("", "0"):
+            pytest.fail(f"{REQUIRE_NODE_ENV} is set, but Node.js (`node`) is not on PATH")
+        pytest.skip(NO_NODE)
+    return found
 
 
 class NodeSessionStats(TypedDict):
@@ -178,6 +207,7 @@ class NodeH2Server:
     def __enter__(self) -> NodeH2Server:
         if self._proc is not None:
             raise RuntimeError("NodeH2Server is not re-entrant")
+        require_node(self.node)
         self._tmp = tempfile.TemporaryDirectory(prefix="node-h2-")
         tmp = Path(self._tmp.name)
         cmd = [
