@@ -216,6 +216,7 @@ class Compartment(ConnectionListener):
         *,
         acquire_deadline: float | None,
         connect_timeout: float | None,
+        timeouts: Timeouts | None = None,
         fresh: bool = False,
     ) -> tuple[Connection, float]:
         """A connection for ``request``: one with spare capacity (most recently used first),
@@ -247,13 +248,20 @@ class Compartment(ConnectionListener):
                         await self._close_all(self.pool.discard(grant, reason))
                         continue
                 return conn, waited
-            return await self._dial(request, origin, connect_timeout), waited
+            return await self._dial(request, origin, connect_timeout, timeouts), waited
 
     async def _dial(
-        self, request: httpx.Request, origin: Origin, connect_timeout: float | None
+        self,
+        request: httpx.Request,
+        origin: Origin,
+        connect_timeout: float | None,
+        timeouts: Timeouts | None,
     ) -> Connection:
         trace: TraceFn | None = request.extensions.get("trace")
         conn: HTTP11Connection | HTTP2Connection
+        by_deadline = False
+        if timeouts is not None:  # the request's deadline bounds the connect too
+            connect_timeout, by_deadline = timeouts.budget(connect_timeout)
         try:
             stream = await self._connector.connect(request, timeout=connect_timeout, trace=trace)
             if self._protocols.speaks_h2(origin, stream):
@@ -273,8 +281,10 @@ class Compartment(ConnectionListener):
                     raise
             else:
                 conn = HTTP11Connection(origin, stream, self._protocols.http1_parser)
-        except BaseException:
+        except BaseException as exc:
             await self._close_all(self.pool.dial_failed(origin))
+            if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
+                raise timeouts.expired("while connecting", request) from exc
             raise
         self._connections.add(conn)
         multiplexed = isinstance(conn, HTTP2Connection)
@@ -477,6 +487,7 @@ class Compartment(ConnectionListener):
                 origin,
                 acquire_deadline=acquire_deadline,
                 connect_timeout=connect_timeout,
+                timeouts=timeouts,
                 fresh=retried or elsewhere,
             )
             waited += conn_wait

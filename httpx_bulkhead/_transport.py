@@ -224,7 +224,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                 origin,
                 acquire_deadline=acquire_deadline,
                 timeouts=timeouts,
-                connect_timeout=_shorter(timeout.get("connect"), policy.request_timeout),
+                connect_timeout=timeout.get("connect"),
             )
         except BaseException as exc:
             if isinstance(exc, AcquireTimeout):

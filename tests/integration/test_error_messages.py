@@ -22,7 +22,7 @@ from httpx_bulkhead import (
     RequestTimeout,
 )
 from tests.conftest import until
-from tests.servers import HypercornServer, TestApp
+from tests.servers import HypercornServer, RawServer, TestApp, never_answer
 
 pytestmark = pytest.mark.anyio
 
@@ -168,3 +168,19 @@ async def test_bulkhead_full_names_the_queue_bound(
         f"compartment '{server.url}' is full: 1 running, 0 waiting (max_pending=0)"
     )
     assert_no_secrets(caught.value)
+
+
+async def test_request_timeout_bounds_the_connect_too() -> None:
+    """A TLS handshake the server never answers, with ``request_timeout`` shorter than the
+    client's connect timeout: the deadline is what passed.  Before: ``ConnectTimeout`` (the
+    connect was given the whole ``request_timeout`` as its own timeout, whatever was left)."""
+    with RawServer(never_answer()) as srv:
+        url = srv.url.replace("http://", "https://")
+        transport = BulkheadTransport(default=Policy(request_timeout=0.3))
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+            with pytest.raises(
+                RequestTimeout, match=r"request_timeout=0.3 s passed while connecting"
+            ):
+                await client.get(f"{url}/")
+        stats = transport.statistics()[f"https://127.0.0.1:{srv.port}"]
+        assert (stats.running, stats.failed, stats.connections) == (0, 1, 0)
