@@ -13,7 +13,7 @@ from typing import NoReturn
 import httpx
 
 from ._compartment import Compartment, Outcome, Protocols
-from ._config import Policy
+from ._config import Group, Policy
 from ._exceptions import AcquireTimeout, TransportClosed
 from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
@@ -54,10 +54,13 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     Args:
         default: policy of the compartment each origin *not* listed in ``hosts`` gets (one
             compartment per origin).  ``None`` (default): ``Policy()``, or ``limits`` mapped.
-        hosts: route key -> ``Policy``.  Keys are ``"host"``, ``"host:port"``,
-            ``"scheme://host[:port]"``, optionally followed by a path prefix
+        hosts: route key -> ``Policy``, or a name -> ``Group`` (several route keys, one
+            compartment).  Keys are ``"host"``, ``"host:port"``,
+            ``"scheme://host[:port]"``, with ``"*.example.com"`` for every host below a
+            domain, each optionally followed by a path prefix
             (``"api.example.com/v1/generate"``); the most specific match wins and the
-            longest path prefix beats a host-level key.
+            longest path prefix beats a host-level key.  A key of any other shape raises
+            ``ValueError``.
         limits: ``httpx.Limits`` mapped onto the default policy (per compartment); give
             either this or ``default``.
         verify, cert, trust_env: TLS settings, as for ``httpx.AsyncHTTPTransport``
@@ -89,7 +92,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     def __init__(
         self,
         default: Policy | None = None,
-        hosts: Mapping[str, Policy] | None = None,
+        hosts: Mapping[str, Policy | Group] | None = None,
         *,
         limits: httpx.Limits | None = None,
         verify: ssl.SSLContext | str | bool = True,

@@ -32,6 +32,7 @@ PUBLIC = {
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",
+    "Group",
     "Policy",
     "RequestTimeout",
     "TransportClosed",
