@@ -9,6 +9,7 @@ stream to the proxy is a plain anyio TCP stream."""
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -22,8 +23,10 @@ from httpx_bulkhead._proxy import (
     run_handshake,
     tunnel_authority,
 )
+from httpx_bulkhead._stacked import StackedTLSStream
 from httpx_bulkhead._streams import AnyioStream
-from tests.servers import HypercornServer, TestApp
+from httpx_bulkhead._tls import TLSEngine
+from tests.servers import HypercornServer, TestApp, default_server_tls
 from tests.servers.proxies import (
     FaultProxy,
     PProxy,
@@ -35,6 +38,7 @@ from tests.servers.proxies import (
     refuse,
     trickle,
 )
+from tests.servers.tls import wrong_host_server_tls
 
 pytestmark = pytest.mark.anyio
 TIMEOUT = 10.0
@@ -44,6 +48,12 @@ SECRET = "pa55-w0rd"
 @pytest.fixture(scope="module")
 def target() -> Iterator[HypercornServer]:
     with HypercornServer(TestApp()) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def tls_target() -> Iterator[HypercornServer]:
+    with HypercornServer(TestApp(), tls=default_server_tls()) as srv:
         yield srv
 
 
@@ -197,3 +207,55 @@ async def test_a_proxy_that_never_answers_is_cut_by_the_deadline(target: Hyperco
                 await run_handshake(stream, ConnectHandshake(proxy.url, authority), 0.05)
         finally:
             await stream.aclose()
+
+
+async def stacked_get(
+    proxy_port: int, target_port: int, alpn: list[str]
+) -> tuple[bytes, StackedTLSStream]:
+    """TLS to the https proxy, CONNECT, TLS to the target inside it, GET."""
+    tls = default_server_tls()
+    stream = await open_stream(proxy_port)
+    with anyio.fail_after(TIMEOUT):
+        await stream.start_tls(TLSEngine(tls.client_ssl_context(), "127.0.0.1"))
+        authority = tunnel_authority("127.0.0.1", target_port)
+        await run_handshake(
+            stream, ConnectHandshake(f"https://127.0.0.1:{proxy_port}", authority), TIMEOUT
+        )
+        inner = StackedTLSStream(stream, TLSEngine(tls.client_ssl_context(alpn=alpn), "127.0.0.1"))
+        try:
+            await inner.handshake(TIMEOUT)
+            await inner.send(f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode(), TIMEOUT)
+            received = b""
+            while b"hello" not in received:
+                data = await inner.receive(65536, TIMEOUT)
+                assert data, "the tunnel closed"
+                received += data
+        except BaseException:
+            await inner.aclose()
+            raise
+    return received, inner
+
+
+async def test_tls_inside_an_https_proxy(egress: ProxyEgress, tls_target: HypercornServer) -> None:
+    before = egress.ledger.stats(f"127.0.0.1:{tls_target.port}").opened
+    with PProxy("https", egress, tls=default_server_tls()) as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        received, inner = await stacked_get(port, tls_target.port, ["http/1.1"])
+        try:
+            assert received.startswith(b"HTTP/1.1 200 ")
+            assert inner.alpn == "http/1.1"
+            assert inner.ssl_object.server_hostname == "127.0.0.1"
+            assert not inner.is_readable()  # the whole response was read
+        finally:
+            await inner.aclose()
+        assert egress.ledger.stats(f"127.0.0.1:{tls_target.port}").opened == before + 1
+
+
+async def test_the_target_certificate_is_checked_inside_the_tunnel(egress: ProxyEgress) -> None:
+    with (
+        HypercornServer(TestApp(), tls=wrong_host_server_tls()) as wrong,
+        PProxy("https", egress, tls=default_server_tls()) as proxy,
+    ):
+        port = int(proxy.url.rsplit(":", 1)[1])
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await stacked_get(port, wrong.port, ["http/1.1"])
