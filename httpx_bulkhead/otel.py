@@ -36,19 +36,31 @@ recorded yet (the acquire-wait quantiles stand in for the queue time).
 
 **Tracing.**  ``opentelemetry-instrumentation-httpx`` wraps the client's transport, so
 ``HTTPXClientInstrumentor.instrument_client(client)`` produces a span per request through
-``BulkheadTransport``.  Pass ``response_hook`` to add the bulkhead's facts to each span::
+``BulkheadTransport``.  Its global ``HTTPXClientInstrumentor().instrument()`` patches
+``httpx.AsyncHTTPTransport`` only, which ``BulkheadTransport`` is not: call
+``follow_global_instrumentor()`` once as well, and requests through every
+``BulkheadTransport`` get that instrumentor's spans while it is on.  Pass
+``response_hook`` to add the bulkhead's facts to each span::
 
     HTTPXClientInstrumentor.instrument_client(client, response_hook=otel.response_hook)
+
     HTTPXClientInstrumentor().instrument(async_response_hook=otel.response_hook)
+    otel.follow_global_instrumentor()
+
+``HTTPXClientInstrumentor.uninstrument_client`` leaves ``BulkheadTransport``'s
+``handle_async_request`` wrapped (it unwraps only ``handle_request``, which our transport
+defines to refuse synchronous clients): use ``otel.uninstrument_client(client)``.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
+import httpx
 from opentelemetry.metrics import (
     CallbackOptions,
     MeterProvider,
@@ -61,7 +73,16 @@ from ._metrics import FIGURES, Figure, Kind, protocol_version, server_attributes
 from ._stats import EVICTED, CompartmentStats, ExchangeInfo
 from ._transport import BulkheadTransport
 
-__all__ = ["METER_NAME", "Instrumentation", "instrument", "response_hook"]
+__all__ = [
+    "METER_NAME",
+    "SPAN_ATTRIBUTES",
+    "GlobalInstrumentorBridge",
+    "Instrumentation",
+    "follow_global_instrumentor",
+    "instrument",
+    "response_hook",
+    "uninstrument_client",
+]
 
 #: Name of the meter (instrumentation scope) the instruments belong to.
 METER_NAME = "httpx_bulkhead"
@@ -271,3 +292,91 @@ async def response_hook(span: Span, request: Any, response: Any) -> None:
             "httpx_bulkhead.retried": info.retried,
         }
     )
+
+
+# -- the global httpx instrumentor ----------------------------------------------------------
+
+_Handler = Callable[[BulkheadTransport, httpx.Request], Coroutine[Any, Any, httpx.Response]]
+#: Module of the wrapper ``HTTPXClientInstrumentor().instrument()`` installs.
+_INSTRUMENTOR_MODULE = "opentelemetry.instrumentation.httpx"
+
+
+def _instrumentor_wrapper() -> Callable[..., Awaitable[httpx.Response]] | None:
+    """The span-making wrapper the global httpx instrumentor put on
+    ``httpx.AsyncHTTPTransport.handle_async_request``, if it is on (a wrapt wrapper whose
+    ``_self_wrapper`` is a ``partial`` of the instrumentor's function)."""
+    patched = vars(httpx.AsyncHTTPTransport).get("handle_async_request")
+    wrapper = getattr(patched, "_self_wrapper", None)
+    func = getattr(wrapper, "func", None)
+    if getattr(func, "__module__", None) != _INSTRUMENTOR_MODULE:
+        return None  # not instrumented, or patched by someone else: theirs may need httpcore
+    return wrapper
+
+
+class GlobalInstrumentorBridge:
+    """What ``follow_global_instrumentor`` returns; ``uninstrument()`` undoes it."""
+
+    def __init__(self, original: _Handler) -> None:
+        self._original: _Handler | None = original
+
+    def uninstrument(self) -> None:
+        """Restore ``BulkheadTransport.handle_async_request`` (idempotent)."""
+        global _bridge
+        with _bridge_lock:
+            if self._original is not None and _bridge is self:
+                BulkheadTransport.handle_async_request = self._original  # type: ignore[method-assign,assignment]
+                _bridge = None
+            self._original = None
+
+
+_bridge: GlobalInstrumentorBridge | None = None
+_bridge_lock = threading.Lock()
+
+
+def follow_global_instrumentor() -> GlobalInstrumentorBridge:
+    """Let ``HTTPXClientInstrumentor().instrument()`` trace requests through every
+    ``BulkheadTransport``, as it does those through ``httpx.AsyncHTTPTransport``.
+
+    The global instrumentor wraps ``httpx.AsyncHTTPTransport.handle_async_request``;
+    after this call, ``BulkheadTransport.handle_async_request`` looks that wrapper up on
+    each request and, while the instrumentor is on, runs the request inside it (its span,
+    its hooks, its duration metric, its header propagation); while it is off, the request
+    goes straight through.  Only the OpenTelemetry instrumentor's wrapper is followed.
+    Idempotent: a second call returns the same bridge.  Costs a dictionary lookup per
+    request while followed, nothing otherwise.
+
+    Returns:
+        A handle whose ``uninstrument()`` restores the transport class.
+    """
+    global _bridge
+    with _bridge_lock:
+        if _bridge is not None:
+            return _bridge
+        original: _Handler = BulkheadTransport.handle_async_request
+
+        @functools.wraps(original)
+        async def handle_async_request(
+            self: BulkheadTransport, request: httpx.Request
+        ) -> httpx.Response:
+            wrapper = _instrumentor_wrapper()
+            if wrapper is None:
+                return await original(self, request)
+            return await wrapper(functools.partial(original, self), self, (request,), {})
+
+        BulkheadTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
+        _bridge = GlobalInstrumentorBridge(original)
+        return _bridge
+
+
+def uninstrument_client(client: httpx.AsyncClient) -> None:
+    """Undo ``HTTPXClientInstrumentor.instrument_client(client)`` for a client whose
+    transport is a ``BulkheadTransport``: the instrumentor's own ``uninstrument_client``
+    unwraps ``handle_request`` only (our transport defines it, to refuse synchronous
+    clients) and leaves ``handle_async_request`` wrapped."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    HTTPXClientInstrumentor.uninstrument_client(client)
+    transport = client._transport
+    wrapped = vars(transport).get("handle_async_request")
+    if wrapped is not None and hasattr(wrapped, "__wrapped__"):
+        del transport.handle_async_request  # the instance attribute: the class's shows again
