@@ -31,8 +31,8 @@ def test_server_attributes_say_what_the_key_names(name: str, expected: dict[str,
     assert server_attributes(name) == expected
 
 
-def _stats(**fields: object) -> CompartmentStats:
-    zero = {f.name: 0 for f in dataclasses.fields(CompartmentStats)}
+def _stats(**fields: int) -> CompartmentStats:
+    zero: dict[str, object] = {f.name: 0 for f in dataclasses.fields(CompartmentStats)}
     zero.update(name="c", max_pending=None, stream_caps=(), **fields)
     return CompartmentStats(**zero)  # type: ignore[arg-type]
 
