@@ -57,3 +57,44 @@ def test_names_follow_each_systems_conventions() -> None:
         assert figure.prometheus.endswith("_seconds") == (figure.unit == "s")
         assert figure.otel.startswith(("http.client.", "httpx_bulkhead."))
         assert figure.description.endswith(".")
+
+
+def test_otel_instrument_lifecycle_on_one_meter_provider() -> None:
+    """Instruments cannot be removed from a meter: uninstrument silences them, instrumenting
+    again reuses them, and a second transport on the same provider is refused."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from httpx_bulkhead import BulkheadTransport, Policy, otel
+
+    def points(reader: InMemoryMetricReader) -> int:
+        data = reader.get_metrics_data()
+        if data is None:
+            return 0
+        return sum(
+            len(m.data.data_points)
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        )
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    transport = BulkheadTransport(hosts={"api.example.com": Policy()})
+    first = otel.instrument(transport, provider)
+    assert points(reader) > 0
+    with pytest.raises(ValueError, match="another BulkheadTransport"):
+        otel.instrument(BulkheadTransport(), provider)
+    first.uninstrument()
+    first.uninstrument()  # idempotent
+    assert points(reader) == 0
+    again = otel.instrument(transport, provider)
+    assert again.instruments == first.instruments and points(reader) > 0
+    again.uninstrument()
+    other = otel.instrument(BulkheadTransport(hosts={"b.example.com": Policy()}), provider)
+    assert points(reader) > 0
+    other.uninstrument()
+    provider.shutdown()
+    with pytest.raises(TypeError, match="BulkheadTransport"):
+        otel.instrument(object(), provider)  # type: ignore[arg-type]
