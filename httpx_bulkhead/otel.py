@@ -107,10 +107,12 @@ class _Snapshots:
         self._generation = -1  # the readers' ``seen``: the first read takes a snapshot
         self._snapshot: _Snapshot = {}
 
-    def close(self) -> None:
+    def detach(self, transport: BulkheadTransport) -> None:
+        """Report nothing from now on, if ``transport`` is the one reported."""
         with self._lock:
-            self._transport = None
-            self._snapshot = {}
+            if self._transport is transport:
+                self._transport = None
+                self._snapshot = {}
 
     def attach(self, transport: BulkheadTransport) -> bool:
         """Report ``transport`` from now on, unless another one is attached."""
@@ -185,8 +187,8 @@ class Instrumentation:
 
     def uninstrument(self) -> None:
         """Stop reporting (idempotent)."""
-        if self._transport is not None and self._snapshots.attach(self._transport):
-            self._snapshots.close()
+        if self._transport is not None:
+            self._snapshots.detach(self._transport)
         self._transport = None
 
 
