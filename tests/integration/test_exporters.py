@@ -226,13 +226,13 @@ async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
                     tg.start_soon(call, f"{h2srv.url}/gate/{gate.name}")
                 await until(lambda: figure(transport, h2srv.url, "open_streams") == 3)
                 await until(lambda: figure(transport, h1, "running") == 2)
+                await until(lambda: figure(transport, h2srv.url, "waiting_for_connection") == 1)
                 tg.start_soon(call, f"{server.url}/")  # waits for a slot...
                 await until(lambda: transport.statistics()[h1].waiting == 1)
                 with pytest.raises(BulkheadFull):  # ...and the queue (1 place) is full
                     await client.get(f"{server.url}/")
                 stats = transport.statistics()
                 assert stats[h1].rejected == 1 and stats[h2srv.url].stream_caps == (3,)
-                assert stats[h2srv.url].waiting_for_connection == 1
                 check(transport)  # saturated
                 await until(lambda: len(errors) == 1)  # the waiter's AcquireTimeout
                 gate.open()
