@@ -8,12 +8,14 @@ connection, and an evicted default compartment.  At two moments (saturated, then
 the exporter's output is parsed (``InMemoryMetricReader``; ``generate_latest`` through
 ``text_string_to_metric_families``) and compared, sample by sample, with what
 ``statistics()`` says at that moment: the expected samples below are spelled out from
-``CompartmentStats`` fields, not from the exporters' own catalogue.
+``CompartmentStats`` fields, not from the exporters' own catalogue.  A second test
+checks the HTTP/2 figures against Node.js's nghttp2 (h2c, a scale-out at a cap of two).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -27,7 +29,10 @@ from httpx_bulkhead import (
     Policy,
 )
 from tests.conftest import until
-from tests.servers import HypercornServer, TestApp, default_server_tls
+from tests.servers import HypercornServer, NodeH2Server, TestApp, default_server_tls
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 pytestmark = pytest.mark.anyio
 
@@ -160,6 +165,36 @@ def _server(compartment: str) -> dict[str, str]:
     return attributes
 
 
+def read_otel(
+    reader: InMemoryMetricReader, transport: BulkheadTransport
+) -> tuple[Samples, dict[str, CompartmentStats]]:
+    """One collection of ``reader`` (instruments of ``otel.instrument``), checked for
+    units, descriptions and instrument kinds, as samples; and ``statistics()`` after it."""
+    data = reader.get_metrics_data()
+    stats = transport.statistics()
+    assert data is not None
+    samples: Samples = {}
+    kinds: dict[str, tuple[str, bool | None]] = {}
+    units = dict(OTEL_NAMES.values())
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            assert sm.scope.name == "httpx_bulkhead"
+            for metric in sm.metrics:
+                assert metric.unit == units[metric.name] and metric.description
+                kinds[metric.name] = (
+                    type(metric.data).__name__,
+                    getattr(metric.data, "is_monotonic", None),
+                )
+                for point in metric.data.data_points:
+                    attributes = frozenset((k, str(v)) for k, v in (point.attributes or {}).items())
+                    samples[metric.name, attributes] = point.value  # type: ignore[union-attr]
+    assert kinds["http.client.open_connections"] == ("Sum", False)  # UpDownCounter
+    assert kinds["http.client.active_requests"] == ("Sum", False)
+    assert kinds["httpx_bulkhead.requests.rejected"] == ("Sum", True)  # Counter
+    assert kinds["httpx_bulkhead.acquire.wait"] == ("Gauge", None)
+    return samples, stats
+
+
 def read_prometheus(transport: BulkheadTransport) -> tuple[Samples, dict[str, CompartmentStats]]:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -283,31 +318,8 @@ async def test_opentelemetry_instruments_match_statistics(
     def check(transport: BulkheadTransport) -> None:
         if not instrumentation:
             instrumentation.append(otel.instrument(transport, provider))
-        data = reader.get_metrics_data()
-        stats = transport.statistics()
-        assert data is not None
-        samples: Samples = {}
-        kinds: dict[str, tuple[str, bool | None]] = {}
-        for rm in data.resource_metrics:
-            for sm in rm.scope_metrics:
-                assert sm.scope.name == "httpx_bulkhead"
-                for metric in sm.metrics:
-                    unit = {otel_name: u for otel_name, u in OTEL_NAMES.values()}[metric.name]
-                    assert metric.unit == unit and metric.description
-                    kinds[metric.name] = (
-                        type(metric.data).__name__,
-                        getattr(metric.data, "is_monotonic", None),
-                    )
-                    for point in metric.data.data_points:
-                        attributes = frozenset(
-                            (k, str(v)) for k, v in (point.attributes or {}).items()
-                        )
-                        samples[metric.name, attributes] = point.value  # type: ignore[union-attr]
+        samples, stats = read_otel(reader, transport)
         assert samples == expected_otel(stats)
-        assert kinds["http.client.open_connections"] == ("Sum", False)  # UpDownCounter
-        assert kinds["http.client.active_requests"] == ("Sum", False)
-        assert kinds["httpx_bulkhead.requests.rejected"] == ("Sum", True)  # Counter
-        assert kinds["httpx_bulkhead.acquire.wait"] == ("Gauge", None)
         checked.append(len(samples))
 
     await scenario(app, server, check)
@@ -317,3 +329,44 @@ async def test_opentelemetry_instruments_match_statistics(
     assert after is None or not any(
         sm.metrics for rm in after.resource_metrics for sm in rm.scope_metrics
     )
+
+
+async def test_both_exporters_report_http2_streams_against_node() -> None:
+    """HTTP/2 figures against nghttp2 (Node.js, h2c): two connections at the peer's cap of
+    two streams (a scale-out), one request waiting for a connection."""
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from httpx_bulkhead import otel
+
+    with NodeH2Server(max_concurrent_streams=2) as node:
+        transport = BulkheadTransport(
+            default=Policy(max_concurrency=10, max_connections=2), http1=False, http2=True
+        )
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        instrumentation = otel.instrument(transport, provider)
+        async with transport, httpx.AsyncClient(transport=transport, timeout=10) as client:
+            async with anyio.create_task_group() as tg:
+                for _ in range(5):
+                    tg.start_soon(client.get, f"{node.url}/hold/exporters")
+                await node.until_held("exporters", 4)
+                await until(lambda: figure(transport, node.url, "waiting_for_connection") == 1)
+                stats = transport.statistics()[node.url]
+                assert stats.stream_caps == (2, 2) and stats.open_streams == 4
+                assert stats.http2_connections == 2 and stats.scale_outs == 1
+                samples, at = read_prometheus(transport)
+                assert samples == expected_prometheus(at)
+                samples, at = read_otel(reader, transport)
+                assert samples == expected_otel(at)
+                version = ("network.protocol.version", "2")
+                assert all(
+                    version in attributes
+                    for name, attributes in samples
+                    if name == "http.client.open_connections"
+                )
+                node.release("exporters")
+        instrumentation.uninstrument()
+        provider.shutdown()
