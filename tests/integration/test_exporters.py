@@ -225,6 +225,18 @@ def figure(transport: BulkheadTransport, compartment: str, field: str) -> object
     return None if stats is None else getattr(stats, field)
 
 
+async def reaches(
+    transport: BulkheadTransport, compartment: str, field: str, value: int, timeout: float = 30
+) -> None:
+    """Wait until ``statistics()[compartment].field == value``; on timeout, fail with the
+    compartment's snapshot (a shared 2-core machine can starve a TLS server for seconds)."""
+    try:
+        await until(lambda: figure(transport, compartment, field) == value, timeout)
+    except TimeoutError:
+        stats = transport.statistics().get(compartment)
+        raise AssertionError(f"{compartment} {field} never reached {value}: {stats}") from None
+
+
 async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
     """Drive every figure; ``check(transport)`` at the saturated moment and at rest."""
     tls = default_server_tls()
@@ -259,11 +271,11 @@ async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
                     tg.start_soon(call, f"{server.url}/gate/{gate.name}")
                 for _ in range(4):  # cap 3: three streams, one waits for a connection
                     tg.start_soon(call, f"{h2srv.url}/gate/{gate.name}")
-                await until(lambda: figure(transport, h2srv.url, "open_streams") == 3)
-                await until(lambda: figure(transport, h1, "running") == 2)
-                await until(lambda: figure(transport, h2srv.url, "waiting_for_connection") == 1)
+                await reaches(transport, h2srv.url, "open_streams", 3)
+                await reaches(transport, h1, "running", 2)
+                await reaches(transport, h2srv.url, "waiting_for_connection", 1)
                 tg.start_soon(call, f"{server.url}/")  # waits for a slot...
-                await until(lambda: transport.statistics()[h1].waiting == 1)
+                await reaches(transport, h1, "waiting", 1)
                 with pytest.raises(BulkheadFull):  # ...and the queue (1 place) is full
                     await client.get(f"{server.url}/")
                 stats = transport.statistics()
@@ -353,7 +365,7 @@ async def test_both_exporters_report_http2_streams_against_node() -> None:
                 for _ in range(5):
                     tg.start_soon(client.get, f"{node.url}/hold/exporters")
                 await node.until_held("exporters", 4)
-                await until(lambda: figure(transport, node.url, "waiting_for_connection") == 1)
+                await reaches(transport, node.url, "waiting_for_connection", 1)
                 stats = transport.statistics()[node.url]
                 assert stats.stream_caps == (2, 2) and stats.open_streams == 4
                 assert stats.http2_connections == 2 and stats.scale_outs == 1
