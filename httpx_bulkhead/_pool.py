@@ -530,14 +530,9 @@ class Pool:
             self.stream_waits += 1
             self._grant(waiter, entry)
         # 2. Stream waiters no longer covered by dials in flight need places of their own.
-        while self._streams.count(origin) and not self._expects_streams(
-            origin, self._streams.count(origin)
-        ):
-            waiter = self._streams.tail(origin)
-            assert waiter is not None
-            self._streams.remove(waiter)
-            waiter.for_streams = False
-            self._places.push(waiter)
+        count = self._streams.count(origin)
+        if count and not self._expects_streams(origin, count):
+            self._uncover(origin)
         # 3. Places, in FIFO order, while the pool has room (or idle ones to evict).
         while self._places:
             head = self._places.head()
@@ -548,6 +543,21 @@ class Pool:
             self._grant(head, DIAL)
             # The new dial may cover the origin's remaining place waiters.
             self._cover(head.origin)
+
+    def _uncover(self, origin: Origin) -> None:
+        """Move the latest stream waiters that dials in flight no longer cover to the place
+        queue, in their arrival order (the first of them gets the next place)."""
+        uncovered: list[PoolWaiter] = []
+        while self._streams.count(origin) and not self._expects_streams(
+            origin, self._streams.count(origin)
+        ):
+            waiter = self._streams.tail(origin)
+            assert waiter is not None
+            self._streams.remove(waiter)
+            waiter.for_streams = False
+            uncovered.append(waiter)
+        for waiter in reversed(uncovered):
+            self._places.push(waiter)
 
     def _cover(self, origin: Origin) -> None:
         """Move place waiters that a dial in flight now covers to the stream queue."""

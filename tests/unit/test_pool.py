@@ -248,9 +248,119 @@ def test_next_due_may_be_early_never_late() -> None:
     assert pool.sweep(10) == [] and pool.next_due == 16
 
 
+def test_an_expired_connection_is_never_handed_out() -> None:
+    """The most recently used idle connection is past its idle deadline (the server's
+    keep-alive hint shortened it) while the oldest is not, so pruning from the old end stops
+    at once: the pick itself must see the expiry."""
+    pool = make_pool(idle_timeout=10.0)
+    old, new = dial(pool, A, 0), dial(pool, A, 0)
+    pool.release(old, 0, reusable=True)  # idle until 10
+    pool.release(new, 1, reusable=True, keep_alive=2.0)  # idle until 2
+    grant, closing = pool.checkout(A, 5)
+    assert grant is old and closing == [new]
+    assert pool.discards[Discard.IDLE_EXPIRED] == 1 and not new.in_pool
+
+
+def test_a_connection_past_its_lifetime_is_never_handed_out() -> None:
+    pool = make_pool(max_lifetime=10.0, idle_timeout=None)
+    old = dial(pool, A, 0)
+    young = dial(pool, A, 8)  # lives until 18
+    pool.release(young, 9, reusable=True)
+    pool.release(old, 9, reusable=True)  # the most recently used: picked first
+    grant, closing = pool.checkout(A, 12)
+    assert grant is young and closing == [old]
+    assert pool.discards[Discard.LIFETIME_EXPIRED] == 1
+
+
+def test_a_multiplexed_connection_past_its_lifetime_drains_instead_of_serving() -> None:
+    pool = make_pool(max_lifetime=10.0, max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 5)
+    grant, closing = pool.checkout(A, 11)  # in use past its lifetime: no new stream on it
+    assert grant is DIAL and closing == [] and conn.draining and conn.active == 1
+    assert pool.release(conn, 12, reusable=True) == [conn]
+    assert pool.discards[Discard.LIFETIME_EXPIRED] == 1
+
+
+def test_requests_batched_onto_a_failed_http2_dial_are_served_in_order() -> None:
+    """Three requests wait for streams of a dial in flight; the dial fails.  Each must get
+    a grant (not hang to its acquire timeout), and the first to arrive dials first."""
+    pool = make_pool(max_connections=4, may_multiplex=lambda origin: True)
+    woken: list[PoolWaiter] = []
+    assert pool.checkout(A, 0)[0] is DIAL
+    ws = [waiter(A, woken) for _ in range(3)]
+    for w in ws:
+        assert pool.checkout(A, 0)[0] is None
+        pool.wait(w)
+    assert all(w.for_streams for w in ws) and woken == []
+    assert pool.dial_failed(A) == []
+    assert woken == [ws[0]] and ws[0].grant is DIAL  # the next dial, to the first arrival
+    assert pool.waiting == 2 and all(w.for_streams for w in ws[1:])  # they batch onto it
+    assert pool.dial_failed(A) == []  # that one fails too
+    assert woken == [ws[0], ws[1]] and ws[1].grant is DIAL
+    conn = PoolEntry(A)
+    pool.dialed(conn, 1, multiplexed=True)
+    pool.set_cap(conn, 10)
+    assert woken == ws and ws[2].grant is conn and pool.waiting == 0
+
+
+def test_a_failed_dial_with_a_full_pool_hands_its_place_to_the_batched_requests() -> None:
+    pool = make_pool(max_connections=1, may_multiplex=lambda origin: True)
+    woken: list[PoolWaiter] = []
+    assert pool.checkout(A, 0)[0] is DIAL
+    ws = [waiter(A, woken) for _ in range(2)]
+    for w in ws:
+        pool.wait(w)
+    pool.dial_failed(A)
+    assert woken == [ws[0]] and ws[0].grant is DIAL and pool.total == 1
+
+
+class CountingEntry(PoolEntry):
+    """Counts how often the pool looks at a connection's spare capacity."""
+
+    __slots__ = ()
+    looks = 0
+
+    @property
+    def spare(self) -> int:
+        CountingEntry.looks += 1
+        return 0 if self.draining else max(0, self.cap - self.active)
+
+
+def work_per_request(connections: int) -> int:
+    """Connections looked at for one checkout + release with ``connections`` idle and as
+    many in use, and as many waiters queued for another origin."""
+    pool = make_pool(max_connections=4 * connections, max_idle=4 * connections)
+    for origin in (A, B):
+        entries = []
+        for _ in range(connections):
+            assert pool.checkout(origin, 0)[0] is DIAL
+            entry = CountingEntry(origin)
+            pool.dialed(entry, 0)
+            entries.append(entry)
+        if origin == A:
+            for entry in entries:
+                pool.release(entry, 1, reusable=True)
+    CountingEntry.looks = 0
+    grant, closing = pool.checkout(A, 2)
+    assert isinstance(grant, CountingEntry) and closing == []
+    pool.release(grant, 3, reusable=True)
+    return CountingEntry.looks
+
+
+def test_checkout_and_release_do_bounded_work() -> None:
+    """O(1) per request: the work does not grow with the connections held (no scan)."""
+    assert work_per_request(1000) == work_per_request(10) <= 4
+
+
 class PoolMachine(RuleBasedStateMachine):
     """Random checkouts, dials (HTTP/1.1 to A, HTTP/2 to B), cap changes, GOAWAYs,
-    releases, discards, waits, cancellations and clock ticks."""
+    releases, discards, waits, grants that resume or are cancelled first, clock ticks and
+    sweeps, against a model of who holds what.
+
+    A woken waiter does not resume at once: it stays *granted* until the ``resume`` rule
+    (or ``cancel_waiter``, which then passes its grant on) picks it, as a task that is
+    woken but not yet scheduled."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -265,43 +375,90 @@ class PoolMachine(RuleBasedStateMachine):
         )
         self.now = 0.0
         self.requests: list[PoolEntry] = []  # the connection each request in flight holds
-        self.dials: list[tuple[str, str, int]] = []
-        self.waiters: list[PoolWaiter] = []
+        self.dials: list[tuple[str, str, int]] = []  # DIAL grants being dialed
+        self.waiters: list[PoolWaiter] = []  # queued, no grant yet
+        self.granted: list[PoolWaiter] = []  # granted, not resumed
         self.woken: list[PoolWaiter] = []
         self.entries: list[PoolEntry] = []
         self.closed: set[int] = set()  # ids of entries the pool told us to close
+        self.stream_waits = 0  # waiters granted an open connection
+        self.errors = 0  # connections discarded by the ``discard`` rule
+        self.b_dial_grants = 0
 
-    def _closing(self, entries: list[PoolEntry]) -> None:
+    # -- helpers ---------------------------------------------------------------------------
+    def _holders(self, entry: PoolEntry) -> int:
+        """Requests that hold ``entry``: in flight, or granted and not resumed."""
+        held = sum(r is entry for r in self.requests)
+        return held + sum(w.grant is entry for w in self.granted)
+
+    def _closing(self, entries: list[PoolEntry], broken: PoolEntry | None = None) -> None:
+        """The pool closes only connections nobody uses, except ``broken`` (the one the
+        caller reported failed or not reusable)."""
         for entry in entries:
             assert not entry.in_pool
+            if entry is not broken:
+                assert self._holders(entry) == 0, "closed while in use"
             self.closed.add(id(entry))
+
+    def _check_grant(self, grant: object, origin: tuple[str, str, int]) -> None:
+        """Whatever is handed out is usable now: never an expired or draining connection."""
+        if grant is DIAL:
+            if origin == B:
+                self.b_dial_grants += 1
+            return
+        assert isinstance(grant, PoolEntry)
+        assert grant.origin == origin and grant.in_pool and not grant.draining
+        assert grant.active <= grant.cap  # a grant never exceeds the cap
+        assert grant.expires_at > self.now, "handed out past its lifetime"
+        if self._holders(grant) == 0:  # it was idle
+            assert grant.idle_deadline > self.now, "handed out past its idle deadline"
 
     def _take(self, grant: object, origin: tuple[str, str, int]) -> None:
         if grant is DIAL:
             self.dials.append(origin)
         else:
             assert isinstance(grant, PoolEntry)
-            assert grant.origin == origin and grant.in_pool and not grant.draining
-            assert grant.active <= grant.cap  # a grant never exceeds the cap
-            self.requests.append(grant)
+            if grant.in_pool:
+                self.requests.append(grant)
+            else:  # it failed while the grant waited to resume: the request fails at once
+                assert self.pool.release(grant, self.now, reusable=False) == []
 
     def _settle(self) -> None:
-        while self.woken:
-            w = self.woken.pop(0)
+        """Record what the last call granted (the woken waiters do not resume yet)."""
+        for w in self.woken:
+            assert w in self.waiters and w.grant is not None
+            self._check_grant(w.grant, w.origin)
+            if isinstance(w.grant, PoolEntry):
+                self.stream_waits += 1
             self.waiters.remove(w)
-            self._take(w.grant, w.origin)
+            self.granted.append(w)
+        self.woken.clear()
 
+    # -- rules -----------------------------------------------------------------------------
     @rule(origin=st.sampled_from([A, B]), fresh=st.booleans())
     def checkout(self, origin: tuple[str, str, int], fresh: bool) -> None:
+        queued_here = any(w.origin == origin for w in self.waiters)
+        queued_place = any(not w.for_streams for w in self.waiters)
         grant, closing = self.pool.checkout(origin, self.now, fresh=fresh)
         self._closing(closing)
+        if queued_here:
+            assert grant is None, "barged past a waiter of its origin"
+        if queued_place:
+            assert grant is not DIAL, "took a place before the waiters for one"
         if grant is None:
             w = PoolWaiter(origin, lambda: self.woken.append(w))
             self.waiters.append(w)
             self._closing(self.pool.wait(w))  # may be granted at once
             self._settle()
         else:
+            self._check_grant(grant, origin)
             self._take(grant, origin)
+
+    @precondition(lambda self: bool(self.granted))
+    @rule(index=st.integers(0, 20))
+    def resume(self, index: int) -> None:
+        w = self.granted.pop(index % len(self.granted))
+        self._take(w.grant, w.origin)
 
     @precondition(lambda self: bool(self.dials))
     @rule(ok=st.booleans(), index=st.integers(0, 5))
@@ -338,29 +495,37 @@ class PoolMachine(RuleBasedStateMachine):
     )
     def release(self, index: int, reusable: bool, keep_alive: float | None) -> None:
         entry = self.requests.pop(index % len(self.requests))
-        self._closing(self.pool.release(entry, self.now, reusable=reusable, keep_alive=keep_alive))
+        closing = self.pool.release(entry, self.now, reusable=reusable, keep_alive=keep_alive)
+        self._closing(closing, broken=None if reusable else entry)
+        if not entry.in_pool:  # its other streams fail with it
+            self.requests = [r for r in self.requests if r is not entry]
         self._settle()
 
     @precondition(lambda self: bool(self.requests))
     @rule(index=st.integers(0, 20))
     def discard(self, index: int) -> None:
         entry = self.requests.pop(index % len(self.requests))
-        self._closing(self.pool.discard(entry, Discard.ERROR))
+        if entry.in_pool:
+            self.errors += 1
+        self._closing(self.pool.discard(entry, Discard.ERROR), broken=entry)
         # Other requests on a broken connection fail too.
         self.requests = [r for r in self.requests if r is not entry]
         self._settle()
 
-    @precondition(lambda self: bool(self.waiters))
+    @precondition(lambda self: bool(self.waiters) or bool(self.granted))
     @rule(index=st.integers(0, 20))
     def cancel_waiter(self, index: int) -> None:
-        w = self.waiters[index % len(self.waiters)]
-        granted = w.grant
+        everyone = self.waiters + self.granted
+        w = everyone[index % len(everyone)]
+        grant = w.grant
         self._closing(self.pool.cancel(w))
-        if granted is not None:  # granted but cancelled before it resumed
-            self.woken.remove(w)
+        assert w.grant is None
+        if grant is None:
             self.waiters.remove(w)
-        else:
-            self.waiters.remove(w)
+        else:  # granted but cancelled before it resumed: the grant is passed on
+            self.granted.remove(w)
+            if isinstance(grant, PoolEntry) and grant.in_pool:
+                assert self._holders(grant) == grant.active
         self._settle()
 
     @rule(seconds=st.floats(min_value=0, max_value=8))
@@ -377,6 +542,7 @@ class PoolMachine(RuleBasedStateMachine):
         exact = min((min(e.idle_deadline, e.expires_at) for e in idle), default=math.inf)
         assert self.pool.next_due == exact
 
+    # -- invariants ------------------------------------------------------------------------
     @invariant()
     def accounting(self) -> None:
         pool = self.pool
@@ -384,21 +550,42 @@ class PoolMachine(RuleBasedStateMachine):
         # Every connection the pool let go of was handed to us to close: no socket leaks.
         assert all(id(e) in self.closed for e in self.entries if not e.in_pool)
         assert 0 <= pool.total <= pool.max_connections
-        assert pool.total == len(live) + len(self.dials)
+        dial_grants = sum(w.grant is DIAL for w in self.granted)
+        assert pool.total == len(live) + len(self.dials) + dial_grants
         for entry in live:
-            assert entry.active == sum(r is entry for r in self.requests)
+            assert entry.active == self._holders(entry)
         assert pool.idle == sum(e.active == 0 for e in live)
         assert pool.idle <= pool.max_idle
-        assert pool.waiting == len(self.waiters) - len(self.woken)
+        assert pool.waiting == len(self.waiters)
+        # Counters: one creation per dial, one discard per connection closed.
+        assert pool.created == len(self.entries)
+        assert sum(pool.discards.values()) == len(self.entries) - len(live)
+        assert pool.discards[Discard.ERROR] == self.errors
+        assert pool.stream_waits == self.stream_waits
+        assert pool.scale_outs <= self.b_dial_grants
+
+    @invariant()
+    def nobody_waits_in_vain(self) -> None:
+        """A waiter waits only when nothing usable is free, and something will wake it: a
+        stream waiter has a dial or an unsettled connection of its origin coming; a place
+        waiter waits for a full pool with nothing idle to evict."""
+        live = [e for e in self.entries if e.in_pool]
         for w in self.waiters:
-            if w.grant is None:  # a waiter waits only when nothing usable is free
-                assert not any(e.origin == w.origin and e.spare > 0 for e in live)
-        if any(w.grant is None and not w.for_streams for w in self.waiters):
-            assert pool.total == pool.max_connections and pool.idle == 0
-        # A timer armed at ``next_due`` is never late for an idle connection.
-        for entry in live:
-            if entry.active == 0:
-                assert pool.next_due <= min(entry.idle_deadline, entry.expires_at)
+            assert not any(e.origin == w.origin and e.spare > 0 for e in live)
+            if w.for_streams:
+                coming = self.dials.count(w.origin)
+                coming += sum(g.grant is DIAL and g.origin == w.origin for g in self.granted)
+                coming += sum(e.origin == w.origin and not e.settled for e in live)
+                assert coming > 0, "queued for streams of a connection that is not coming"
+            else:
+                assert self.pool.total == self.pool.max_connections and self.pool.idle == 0
+
+    @invariant()
+    def timer_never_late(self) -> None:
+        """A timer armed at ``next_due`` is never late for an idle connection."""
+        for entry in self.entries:
+            if entry.in_pool and entry.active == 0:
+                assert self.pool.next_due <= min(entry.idle_deadline, entry.expires_at)
 
 
 TestPoolMachine = PoolMachine.TestCase
