@@ -264,8 +264,18 @@ def _sites(tree: ast.Module) -> Iterator[tuple[str, ast.AST, int, str]]:
                     yield qualname, node, number, label
 
 
+_SOURCES: dict[str, str] = {}
+
+
+def _source(module: str) -> str:
+    """The module's source as read once, at the start (edits during a run do not count)."""
+    if module not in _SOURCES:
+        _SOURCES[module] = (ROOT / "httpx_bulkhead" / f"{module}.py").read_text()
+    return _SOURCES[module]
+
+
 def enumerate_mutants(module: str) -> list[Mutant]:
-    source = (ROOT / "httpx_bulkhead" / f"{module}.py").read_text()
+    source = _source(module)
     tree = ast.parse(source)
     lines = source.splitlines()
     mutants: list[Mutant] = []
@@ -283,7 +293,7 @@ def enumerate_mutants(module: str) -> list[Mutant]:
 def mutated_code(module: str, index: int) -> tuple[str, types.CodeType]:
     """The code object of the function mutated by site ``index``."""
     path = ROOT / "httpx_bulkhead" / f"{module}.py"
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(_source(module))
     sites = list(_sites(tree))
     qualname, node, number, _ = sites[index]
     apply = _site_mutations(node)[number][1]
@@ -406,6 +416,7 @@ def _preload(modules: list[str]) -> None:
     import pytest  # noqa: F401
 
     for module in modules:
+        _source(module)
         importlib.import_module(f"httpx_bulkhead.{module}")
         for test in TARGETS[module]:
             importlib.import_module(test.removesuffix(".py").replace("/", "."))
