@@ -28,10 +28,82 @@ def test_router_most_specific_wins_and_longest_prefix() -> None:
     assert router.route(https, "/v1/generate/stream") == "llm.example.com/v1/generate"
     assert router.route(https, "/v1/generated") == "llm.example.com/v1"
     assert router.route(https, "/v1?x=1") == "llm.example.com/v1"
+    assert router.route(https, "/v1;p") == "llm.example.com/v1"
+    assert router.route(https, "/v1") == "llm.example.com/v1"
+    assert router.route(https, "/v") == "https://llm.example.com:8443"
     # Unlisted origins each get their own compartment, made once.
-    assert router.route(("https", "other.example", 443), "/") == "https://other.example:443"
+    other = ("https", "other.example", 443)
+    made = len(router.compartments)
+    assert router.route(other, "/") == "https://other.example:443"
     assert router.route(("http", "::1", 80), "/") == "http://[::1]:80"
-    assert list(router.compartments).count("https://other.example:443") == 1
+    assert len(router.compartments) == made + 2
+    router._cache.clear()  # even when the route is worked out again
+    assert router.route(other, "/x") == "https://other.example:443"
+    assert len(router.compartments) == made + 2
+
+
+def test_path_prefixes_of_every_level_apply_longest_first() -> None:
+    router = Router(
+        {
+            "https://api.example:443/a": Policy(),
+            "api.example/a/b": Policy(),
+            "api.example:443/a/b/c": Policy(),
+        },
+        Policy(),
+        lambda name, policy: name,
+    )
+    origin = ("https", "api.example", 443)
+    assert router.route(origin, "/a/b/c/d") == "api.example:443/a/b/c"
+    assert router.route(origin, "/a/b/x") == "api.example/a/b"
+    assert router.route(origin, "/a/x") == "https://api.example:443/a"
+    assert router.route(origin, "/x") == "https://api.example:443"  # no host-level key
+    assert router.route(("http", "api.example", 80), "/a/b") == "api.example/a/b"
+    assert router.route(("http", "api.example", 80), "/a") == "http://api.example:80"
+
+
+def test_hosts_are_compared_in_their_canonical_spelling() -> None:
+    router = Router({"api.example.com": Policy(), "[::1]": Policy()}, Policy(), lambda n, p: n)
+    assert router.route(("https", "API.Example.COM.", 443), "/") == "api.example.com"
+    assert router.route(("http", "0:0::1", 80), "/") == "[::1]"
+    assert router.route(("http", "Other.Example.", 80), "/") == "http://other.example:80"
+
+
+class CountingPath(str):
+    """A request path that counts the prefix comparisons made on it."""
+
+    compared = 0
+
+    def startswith(self, *args: object) -> bool:  # type: ignore[override]
+        CountingPath.compared += 1
+        return super().startswith(*args)  # type: ignore[arg-type]
+
+
+def test_routing_is_a_cached_lookup_whatever_the_number_of_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """O(1) per request: after an origin's first request, routing does not work the route
+    out again (no host canonicalisation), and compares the path only with that origin's
+    own prefixes, however many keys and compartments there are."""
+    import httpx_bulkhead._routing as routing
+
+    hosts = {f"h{i}.example/p{j}": Policy() for i in range(300) for j in range(3)}
+    hosts["api.example/v1"] = Policy()
+    hosts["api.example"] = Policy()
+    router = Router(hosts, Policy(), lambda name, policy: name)
+    resolved: list[str] = []
+    real = routing.canonical_host
+    monkeypatch.setattr(routing, "canonical_host", lambda h: resolved.append(h) or real(h))
+    origin = ("https", "api.example", 443)
+    for _ in range(3):
+        for path in ("/v1/x", "/other"):
+            CountingPath.compared = 0
+            router.route(origin, CountingPath(path))
+            assert CountingPath.compared == 1  # the one prefix of api.example
+    assert resolved == ["api.example"]
+    for port in range(1, 51):  # unlisted origins: one resolution each, then cached
+        router.route(("http", "new.example", port), "/")
+        router.route(("http", "new.example", port), "/")
+    assert len(resolved) == 51
 
 
 class Box:
