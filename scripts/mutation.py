@@ -369,7 +369,16 @@ def _child(module: str, seed: int, index: int | None) -> int:
     import hypothesis
     import pytest
 
-    hypothesis.settings.register_profile("mutation", database=None, deadline=None, print_blob=False)
+    # No example database (nothing carries over between runs) and no shrinking (a failure
+    # is all the verdict needs; shrinking one can take many seconds).
+    hypothesis.settings.register_profile(
+        "mutation",
+        database=None,
+        deadline=None,
+        print_blob=False,
+        report_multiple_bugs=False,
+        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+    )
     hypothesis.settings.load_profile("mutation")
     if index is not None:
         qualname, code = mutated_code(module, index)
