@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -365,7 +366,31 @@ def _pytest_args(module: str, seed: int) -> list[str]:
     ]
 
 
-def _child(module: str, seed: int, index: int | None) -> int:
+class _Killer:
+    """A pytest plugin that writes down the first failing test, and whether it draws
+    examples from Hypothesis (its verdict may then depend on the seed)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed and not os.path.exists(self.path):
+            with open(self.path, "w") as out:
+                out.write(report.nodeid)
+
+    def pytest_runtest_setup(self, item: Any) -> None:
+        obj = getattr(item, "obj", None)
+        cls = getattr(item, "cls", None)
+        seeded = getattr(obj, "is_hypothesis_test", False) or hasattr(cls, "settings")
+        self.seeded = bool(seeded)
+
+    def pytest_exception_interact(self, node: Any, call: Any, report: Any) -> None:
+        if getattr(self, "seeded", True) and not os.path.exists(self.path + ".seeded"):
+            with open(self.path + ".seeded", "w"):
+                pass
+
+
+def _child(module: str, seed: int, index: int | None, killer: str) -> int:
     import hypothesis
     import pytest
 
@@ -387,18 +412,23 @@ def _child(module: str, seed: int, index: int | None) -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    return int(pytest.main(_pytest_args(module, seed)))
+    return int(pytest.main(_pytest_args(module, seed), plugins=[_Killer(killer)]))
 
 
-def run_one(module: str, seed: int, index: int | None, timeout: float) -> tuple[str, float]:
-    """Fork, run the tests against mutant ``index`` (``None``: unmutated); the verdict is
-    ``survived``, ``killed``, ``timeout`` or ``error`` (the tests could not run)."""
+def run_one(module: str, seed: int, index: int | None, timeout: float) -> tuple[str, bool]:
+    """Fork, run the tests against mutant ``index`` (``None``: unmutated).  Returns the
+    verdict (``survived``, ``killed``, ``timeout`` or ``error``: the tests could not run)
+    and whether it may depend on the Hypothesis seed (the killing test draws examples)."""
     started = time.monotonic()
+    killer = f"/tmp/mutation-killer-{os.getpid()}"
+    for stale in (killer, killer + ".seeded"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
     pid = os.fork()
     if pid == 0:  # the child
         code = 3
         try:
-            code = _child(module, seed, index)
+            code = _child(module, seed, index, killer)
         finally:
             os._exit(code)
     deadline = started + timeout
@@ -409,12 +439,12 @@ def run_one(module: str, seed: int, index: int | None, timeout: float) -> tuple[
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "timeout", time.monotonic() - started
+            return "timeout", True
         time.sleep(0.01)
-    elapsed = time.monotonic() - started
     code = os.waitstatus_to_exitcode(status)
     verdict = {0: "survived", 1: "killed"}.get(code, "error")
-    return verdict, elapsed
+    seeded = verdict != "killed" or os.path.exists(killer + ".seeded")
+    return verdict, seeded
 
 
 def _preload(modules: list[str]) -> None:
@@ -439,16 +469,27 @@ def run(modules: list[str], seeds: list[int], only: str | None) -> dict[str, Any
         if only is not None:
             mutants = [m for m in mutants if only in m.key]
         per_seed: dict[str, Any] = {}
+        # A mutant killed by a test that draws no examples is killed whatever the seed:
+        # only the others are run again with the next seeds.
+        settled: set[str] = set()
         for seed in seeds:
-            verdict, baseline = run_one(module, seed, None, timeout=600)
+            started = time.monotonic()
+            verdict, _ = run_one(module, seed, None, timeout=600)
+            baseline = time.monotonic() - started
             if verdict != "survived":
                 raise SystemExit(f"{module}: the unmutated tests fail (seed {seed}): {verdict}")
             timeout = max(10.0, 5 * baseline)
             verdicts: dict[str, str] = {}
             for number, mutant in enumerate(mutants, 1):
-                verdict, _ = run_one(module, seed, mutant.index, timeout)
-                verdicts[mutant.key] = verdict
-                mark = "." if verdict == "killed" else verdict[0].upper()
+                if mutant.key in settled:
+                    verdicts[mutant.key] = "killed"
+                    mark = ","
+                else:
+                    verdict, seeded = run_one(module, seed, mutant.index, timeout)
+                    verdicts[mutant.key] = verdict
+                    if not seeded:
+                        settled.add(mutant.key)
+                    mark = "." if verdict == "killed" else verdict[0].upper()
                 print(mark, end="", flush=True)
                 if number % 80 == 0:
                     print(f" {number}/{len(mutants)}", flush=True)
