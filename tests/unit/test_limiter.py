@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -280,3 +283,8 @@ class LimiterMachine(RuleBasedStateMachine):
 LIMIT = 2
 MAX_PENDING = 3
 TestLimiterMachine = LimiterMachine.TestCase
+TestLimiterMachine.settings = settings(
+    max_examples=int(os.environ.get("BULKHEAD_MACHINE_EXAMPLES") or 200),
+    stateful_step_count=60,
+    deadline=None,
+)

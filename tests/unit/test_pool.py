@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from httpx_bulkhead._pool import DIAL, Discard, Pool, PoolEntry, PoolWaiter, keep_alive_deadline
+
+#: Examples each state machine runs (CI's bound; set BULKHEAD_MACHINE_EXAMPLES for more).
+MACHINE_EXAMPLES = int(os.environ.get("BULKHEAD_MACHINE_EXAMPLES") or 200)
 
 A = ("http", "a", 80)
 B = ("http", "b", 80)
@@ -315,6 +320,69 @@ def test_a_failed_dial_with_a_full_pool_hands_its_place_to_the_batched_requests(
     assert woken == [ws[0]] and ws[0].grant is DIAL and pool.total == 1
 
 
+def test_a_waiter_cancelled_with_a_connection_in_hand_passes_it_on() -> None:
+    pool = make_pool(max_connections=1)
+    woken: list[PoolWaiter] = []
+    conn = dial(pool, A, 0)
+    first, second = waiter(A, woken), waiter(A, woken)
+    pool.wait(first)
+    pool.wait(second)
+    assert pool.release(conn, 1, reusable=True) == []
+    assert woken == [first] and first.grant is conn and conn.active == 1
+    assert pool.cancel(first) == [] and first.grant is None
+    assert woken == [first, second] and second.grant is conn and conn.active == 1
+    assert pool.stream_waits == 2 and pool.waiting == 0 and pool.idle == 0
+    assert pool.release(conn, 2, reusable=True) == [] and pool.idle == 1
+    assert conn.idle_deadline == 12  # deadlines follow real releases, not handed-on grants
+
+
+def test_a_cancelled_waiter_that_already_left_changes_nothing() -> None:
+    pool = make_pool(max_connections=1)
+    conn = dial(pool, A, 0)
+    w = waiter(A, [])
+    pool.wait(w)
+    assert pool.cancel(w) == [] and pool.waiting == 0
+    assert pool.cancel(w) == [] and pool.waiting == 0  # twice: nothing to undo
+    assert pool.release(conn, 1, reusable=True) == [] and pool.idle == 1
+
+
+def test_close_hands_back_the_waiters_then_the_idle_connections() -> None:
+    pool = make_pool(max_connections=2)
+    first, second = dial(pool, A, 0), dial(pool, B, 0)
+    assert second.active == 1
+    queued = [waiter(A, []), waiter(B, [])]
+    for w in queued:
+        pool.wait(w)
+    closing, waiters = pool.close()
+    assert closing == [] and waiters == queued and pool.waiting == 0
+    assert all(w.grant is None for w in queued)
+    pool.release(first, 1, reusable=True)
+    assert pool.checkout(B, 1)[0] is None  # no place after close, not even by eviction
+    assert pool.close() == ([first], []) and not first.in_pool
+    assert pool.discards[Discard.CLOSED] == 1 and pool.total == 1 and second.in_pool
+
+
+def test_operations_on_a_connection_already_closed_do_nothing() -> None:
+    pool = make_pool(max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 4)
+    assert pool.checkout(A, 0)[0] is conn
+    assert pool.discard(conn, Discard.ERROR) == [conn] and pool.total == 0
+    assert pool.discard(conn, Discard.ERROR) == [conn]  # its other stream fails too
+    assert pool.release(conn, 1, reusable=True) == []
+    assert pool.set_cap(conn, 8) == [] and pool.drain(conn) == []
+    assert pool.discards[Discard.ERROR] == 1 and pool.total == 0 and pool.idle == 0
+
+
+def test_goaway_on_an_idle_connection_closes_it_at_once_and_only_once() -> None:
+    pool = make_pool(max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 4)
+    pool.release(conn, 1, reusable=True)
+    assert pool.drain(conn) == [conn] and pool.drain(conn) == []
+    assert pool.discards[Discard.NOT_REUSABLE] == 1 and pool.total == 0
+
+
 class CountingEntry(PoolEntry):
     """Counts how often the pool looks at a connection's spare capacity."""
 
@@ -589,3 +657,6 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.settings = settings(
+    max_examples=MACHINE_EXAMPLES, stateful_step_count=60, deadline=None
+)
