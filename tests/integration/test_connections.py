@@ -438,3 +438,41 @@ async def test_a_failure_while_building_the_response_returns_the_slot(
         assert (stats.running, stats.failed, stats.in_use_connections) == (0, 1, 0)
         assert stats.error == 1  # an exchange cut half-way: its connection is closed
         assert (await client.get(f"{server.url}/")).text == "hello"
+
+
+def reset_when_told(conn: RawConn) -> None:
+    """Connection 0 answers one request, then resets itself when the test says so (the
+    server dropping an idle keep-alive connection); later connections answer "fresh"."""
+    if conn.index == 0:
+        if conn.read_request() is not None:
+            conn.send_response(200, b"first")
+            conn.wait("reset")
+        conn.reset()
+        conn.server.set_event("was-reset")
+        return
+    keepalive_ok(b"fresh")(conn)
+
+
+async def test_non_idempotent_request_is_retried_when_nothing_was_written() -> None:
+    """The stale connection fails the POST before any byte of it was written (the reset
+    lands between the idle check and the write): nothing reached the server, so sending
+    it again on a new connection is safe."""
+    with RawServer(reset_when_told) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            first = await client.get(srv.url)
+            stream = first.extensions["network_stream"]
+            fired: list[str] = []
+
+            async def trace(name: str, info: dict[str, object]) -> None:
+                if name == "http11.send_request_headers.started" and not fired:
+                    fired.append(name)
+                    srv.set_event("reset")
+                    await srv.wait_event("was-reset")
+                    await until(lambda: bool(stream.get_extra_info("is_readable")))
+
+            response = await client.post(srv.url, content=b"once", extensions={"trace": trace})
+            assert response.text == "fresh" and response.extensions["bulkhead"].retried
+        stats = transport.statistics()[srv.url]
+        assert (stats.stale_retries, stats.peer_closed, stats.failed) == (1, 1, 0)
+        assert [r.split(b" ")[0] for r in srv.requests] == [b"GET", b"POST"]
