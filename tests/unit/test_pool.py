@@ -65,6 +65,8 @@ def test_keep_alive_hint_shortens_idle_expiry_with_a_margin() -> None:
     assert keep_alive_deadline(4.0, None) == 4.0
     assert keep_alive_deadline(4.0, 5.0) == 3.75  # 5 s minus max(1 s, 5/4 s)
     assert keep_alive_deadline(None, 2.0) == 1.0
+    assert keep_alive_deadline(None, 1.0) == 0.5  # short hints: half of them
+    assert keep_alive_deadline(None, 8.0) == 6.0  # 8 s minus max(1 s, 8/4 s)
     assert keep_alive_deadline(None, 60.0) == 45.0
     assert keep_alive_deadline(4.0, 0.0) == 0.0
     pool = make_pool(idle_timeout=4.0)
@@ -381,6 +383,54 @@ def test_goaway_on_an_idle_connection_closes_it_at_once_and_only_once() -> None:
     pool.release(conn, 1, reusable=True)
     assert pool.drain(conn) == [conn] and pool.drain(conn) == []
     assert pool.discards[Discard.NOT_REUSABLE] == 1 and pool.total == 0
+
+
+def test_expiry_boundaries_are_inclusive() -> None:
+    """A deadline equal to the clock has passed (the server may close at that instant)."""
+    pool = make_pool(idle_timeout=10.0, max_lifetime=10.0)
+    conn = dial(pool, A, 0)
+    assert pool.release(conn, 10, reusable=True) == [conn]  # lifetime ends exactly now
+    assert pool.discards[Discard.LIFETIME_EXPIRED] == 1
+    conn = dial(pool, A, 20)
+    assert pool.release(conn, 21, reusable=True, keep_alive=0.0) == [conn]  # timeout=0
+    assert pool.discards[Discard.IDLE_EXPIRED] == 1
+    conn = dial(pool, A, 30)
+    pool.release(conn, 31, reusable=True)  # idle until 41, lifetime until 40
+    grant, closing = pool.checkout(A, 40)
+    assert grant is DIAL and closing == [conn]
+    assert pool.discards[Discard.LIFETIME_EXPIRED] == 2
+
+
+def test_a_multiplexed_connection_drains_exactly_at_its_lifetime() -> None:
+    pool = make_pool(max_lifetime=10.0, max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 5)
+    assert pool.checkout(A, 9.9)[0] is conn
+    assert pool.checkout(A, 10)[0] is DIAL and conn.draining
+
+
+def test_a_waiter_may_be_granted_when_it_queues() -> None:
+    pool = make_pool(max_connections=1)
+    woken: list[PoolWaiter] = []
+    w = waiter(A, woken)
+    assert pool.wait(w) == [] and woken == [w] and w.grant is DIAL and pool.total == 1
+
+
+def test_a_grant_handed_on_is_checked_against_the_latest_clock() -> None:
+    """The connection was granted while fresh, then its waiter gave up 11 s later without
+    using it: by then its idle deadline has passed (any call since told the pool the time),
+    so the next waiter gets a dial instead of a connection the server may have closed."""
+    pool = make_pool(max_connections=1, idle_timeout=10.0)
+    woken: list[PoolWaiter] = []
+    conn = dial(pool, A, 0)
+    first, second = waiter(A, woken), waiter(A, woken)
+    pool.wait(first)
+    pool.wait(second)
+    pool.release(conn, 5, reusable=True)  # idle deadline 15; granted to ``first`` at once
+    assert first.grant is conn
+    assert pool.checkout(A, 16) == (None, [])  # another request: the clock says 16
+    assert pool.cancel(first) == [conn]
+    assert second.grant is DIAL and pool.discards[Discard.IDLE_EXPIRED] == 1
 
 
 class CountingEntry(PoolEntry):
