@@ -27,7 +27,15 @@ from httpx_bulkhead._config import RouteKey, canonical_host, parse_route_key
         ("idle_timeout", -1, ValueError),
         ("max_lifetime", 0, ValueError),
         ("lifetime_jitter", 1.0, ValueError),
+        ("lifetime_jitter", -0.1, ValueError),
         ("lifetime_jitter", None, TypeError),
+        ("max_streams_per_connection", 0, ValueError),
+        ("max_streams_per_connection", 2.0, TypeError),
+        ("ping_after", -1, ValueError),
+        ("ping_timeout", 0, ValueError),
+        ("ping_timeout", None, TypeError),
+        ("idle_timeout", True, TypeError),
+        ("max_pending", "5", TypeError),
     ],
 )
 def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exception]) -> None:
@@ -50,6 +58,12 @@ def test_policy_from_httpx_limits() -> None:
     )
     assert (policy.max_concurrency, policy.idle_limit, policy.idle_timeout) == (10, 4, 2.0)
     assert Policy.from_limits(httpx.Limits(max_connections=None)).max_concurrency == 100
+    more_idle = Policy.from_limits(httpx.Limits(max_connections=3, max_keepalive_connections=9))
+    assert more_idle.idle_limit == 3  # never more idle connections than connections
+    unbounded = Policy.from_limits(httpx.Limits(max_keepalive_connections=None))
+    assert unbounded.max_idle_connections is None and unbounded.idle_limit == 100
+    with pytest.raises(TypeError, match=r"httpx\.Limits"):
+        Policy.from_limits({"max_connections": 3})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -68,11 +82,43 @@ def test_route_keys_parse(text: str, key: RouteKey) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["ftp://x", "x:99999", "x:abc", "", "[::1", "a b", "[::1]x", "https://:443"]
+    "text",
+    [
+        "ftp://x",
+        "x:99999",
+        "x:0",
+        "x:abc",
+        "x:",
+        "",
+        "[::1",
+        "a b",
+        "[::1]x",
+        "https://:443",
+        "::1",  # an IPv6 address without brackets
+        "[::1::2]",  # not an IPv6 address
+        "[example.com]",
+        "-bad-.example",
+        "bad..ex\u00e4mple",  # IDNA cannot encode it
+    ],
 )
 def test_bad_route_keys_are_named(text: str) -> None:
     with pytest.raises(ValueError, match="hosts key"):
         parse_route_key(text)
+
+
+@pytest.mark.parametrize("text", [3, None, b"host"])
+def test_route_keys_must_be_strings(text: object) -> None:
+    with pytest.raises(TypeError, match="hosts keys must be strings"):
+        parse_route_key(text)
+
+
+def test_route_key_edge_spellings() -> None:
+    assert parse_route_key("  api.example  ") == RouteKey(None, "api.example", None, None)
+    assert parse_route_key("api.example/") == RouteKey(None, "api.example", None, None)
+    assert parse_route_key("HTTP://api.example") == RouteKey("http", "api.example", 80, None)
+    assert parse_route_key("[::1]") == RouteKey(None, "::1", None, None)
+    assert parse_route_key("api.example:65535").port == 65535
+    assert parse_route_key("internal_host:1").host == "internal_host"
 
 
 def test_transport_rejects_bad_configuration() -> None:
