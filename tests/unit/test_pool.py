@@ -433,6 +433,16 @@ def test_a_grant_handed_on_is_checked_against_the_latest_clock() -> None:
     assert second.grant is DIAL and pool.discards[Discard.IDLE_EXPIRED] == 1
 
 
+def test_a_cap_change_on_an_idle_connection_keeps_it_idle_once() -> None:
+    pool = make_pool(max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.release(conn, 1, reusable=True)
+    assert pool.set_cap(conn, 10) == [] and pool.idle == 1
+    assert pool.set_cap(conn, 20) == [] and pool.idle == 1 and pool.total == 1
+    assert pool.checkout(A, 2)[0] is conn and pool.idle == 0
+    assert repr(DIAL) == "DIAL"
+
+
 class CountingEntry(PoolEntry):
     """Counts how often the pool looks at a connection's spare capacity."""
 

@@ -168,3 +168,12 @@ def test_router_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for port in range(1, 100):  # one key, any port: each port is an origin of its own
         assert router.route(("http", "listed.example", port), "/") == "listed.example"
     assert len(router._cache) <= 10
+
+
+def test_hosts_must_map_keys_to_policies() -> None:
+    with pytest.raises(TypeError, match="mapping"):
+        Router([("a", Policy())], Policy(), lambda name, policy: name)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"hosts\['a'\] must be a Policy"):
+        Router({"a": 3}, Policy(), lambda name, policy: name)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="duplicates"):
+        Router({"a/x": Policy(), "A/x/": Policy()}, Policy(), lambda name, policy: name)
