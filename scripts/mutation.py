@@ -486,6 +486,8 @@ def run(modules: list[str], seeds: list[int], only: str | None) -> dict[str, Any
                     mark = ","
                 else:
                     verdict, seeded = run_one(module, seed, mutant.index, timeout)
+                    if verdict == "timeout":  # a loop, or a machine busy with other work?
+                        verdict, seeded = run_one(module, seed, mutant.index, 6 * timeout)
                     verdicts[mutant.key] = verdict
                     if not seeded:
                         settled.add(mutant.key)
