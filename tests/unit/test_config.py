@@ -43,6 +43,50 @@ def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exce
         Policy(**{field: value})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_concurrency", 1.5, "must be an int, got float"),
+        ("max_pending", 1.5, "must be an int or None, got float"),
+        ("max_concurrency", 0, "must be >= 1, got 0"),
+        ("max_pending", -1, "must be >= 0, got -1"),
+        ("acquire_timeout", -1, "must be >= 0 seconds"),
+        ("request_timeout", 0, "must be > 0 seconds"),
+        ("acquire_timeout", "1", "must be a number of seconds or None"),
+        ("lifetime_jitter", 1.5, "must be < 1"),
+    ],
+)
+def test_policy_errors_say_what_is_allowed(field: str, value: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        Policy(**{field: value})
+
+
+def test_the_smallest_valid_values_are_accepted() -> None:
+    policy = Policy(
+        max_concurrency=1,
+        max_pending=0,
+        acquire_timeout=0,
+        request_timeout=0.001,
+        max_connections=1,
+        max_idle_connections=0,
+        idle_timeout=0,
+        max_lifetime=0.001,
+        lifetime_jitter=0,
+        max_streams_per_connection=1,
+        ping_after=0,
+        ping_timeout=0.001,
+    )
+    assert (policy.connection_limit, policy.idle_limit) == (1, 0)
+    unbounded = Policy(
+        max_pending=None,
+        idle_timeout=None,
+        max_streams_per_connection=None,
+        ping_after=None,
+        lifetime_jitter=0.999,
+    )
+    assert unbounded.max_pending is None and unbounded.max_streams_per_connection is None
+
+
 def test_policy_defaults_and_derived_limits() -> None:
     policy = Policy(max_concurrency=7)
     assert policy.connection_limit == 7 and policy.idle_limit == 7
@@ -86,6 +130,7 @@ def test_route_keys_parse(text: str, key: RouteKey) -> None:
     [
         "ftp://x",
         "x:99999",
+        "x:65536",
         "x:0",
         "x:abc",
         "x:",
@@ -118,7 +163,8 @@ def test_route_key_edge_spellings() -> None:
     assert parse_route_key("HTTP://api.example") == RouteKey("http", "api.example", 80, None)
     assert parse_route_key("[::1]") == RouteKey(None, "::1", None, None)
     assert parse_route_key("api.example:65535").port == 65535
-    assert parse_route_key("internal_host:1").host == "internal_host"
+    assert parse_route_key("internal_host:1") == RouteKey(None, "internal_host", 1, None)
+    assert parse_route_key("http://x/a://b") == RouteKey("http", "x", 80, "/a://b")
 
 
 def test_transport_rejects_bad_configuration() -> None:
