@@ -461,13 +461,17 @@ def _preload(modules: list[str]) -> None:
             importlib.import_module(test.removesuffix(".py").replace("/", "."))
 
 
-def run(modules: list[str], seeds: list[int], only: str | None) -> dict[str, Any]:
+def run(
+    modules: list[str], seeds: list[int], only: str | None, keys: set[str] | None = None
+) -> dict[str, Any]:
     _preload(modules)
     results: dict[str, Any] = {"seeds": seeds, "modules": {}}
     for module in modules:
         mutants = enumerate_mutants(module)
         if only is not None:
             mutants = [m for m in mutants if only in m.key]
+        if keys is not None:
+            mutants = [m for m in mutants if m.key in keys]
         per_seed: dict[str, Any] = {}
         # A mutant killed by a test that draws no examples is killed whatever the seed:
         # only the others are run again with the next seeds.
@@ -586,7 +590,29 @@ def main() -> None:
     parser.add_argument("--only", help="run only mutants whose key contains this text")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report")
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="run again only the mutants that survived the last full run; print the ones "
+        "that still survive (the results and the report are left as they are)",
+    )
     args = parser.parse_args()
+    if args.survivors:
+        last = json.loads(RESULTS.read_text())
+        keys = {
+            key
+            for module in args.modules
+            for seed in last["modules"].get(module, {}).get("seeds", {}).values()
+            for key, verdict in seed["verdicts"].items()
+            if verdict == "survived"
+        }
+        again = run(args.modules, args.seeds, None, keys)
+        for data in again["modules"].values():
+            for seed, outcome in data["seeds"].items():
+                for key, verdict in outcome["verdicts"].items():
+                    if verdict == "survived":
+                        print(f"seed {seed}: {key}")
+        return
     if args.list:
         for module in args.modules:
             for mutant in enumerate_mutants(module):
