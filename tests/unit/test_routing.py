@@ -109,6 +109,9 @@ def test_routing_is_a_cached_lookup_whatever_the_number_of_keys(
         router.route(("http", "new.example", port), "/")
         router.route(("http", "new.example", port), "/")
     assert len(resolved) == 51
+    router.route(origin, "/v1")  # still cached after the others
+    router.route(("http", "new.example", 1), "/")
+    assert len(resolved) == 51
 
 
 class Box:
@@ -168,6 +171,12 @@ def test_router_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for port in range(1, 100):  # one key, any port: each port is an origin of its own
         assert router.route(("http", "listed.example", port), "/") == "listed.example"
     assert len(router._cache) <= 10
+    # The per-compartment index of cached spellings is emptied with the cache.
+    default = Router({}, Policy(), lambda name, policy: name)
+    for i in range(100):
+        host = "".join(c.upper() if (i >> n) & 1 else c for n, c in enumerate("spelling"))
+        assert default.route(("http", host, 80), "/") == "http://spelling:80"
+    assert sum(len(origins) for origins in default._cached_by.values()) <= 10
 
 
 def test_hosts_must_map_keys_to_policies() -> None:
@@ -177,3 +186,22 @@ def test_hosts_must_map_keys_to_policies() -> None:
         Router({"a": 3}, Policy(), lambda name, policy: name)  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="duplicates"):
         Router({"a/x": Policy(), "A/x/": Policy()}, Policy(), lambda name, policy: name)
+
+
+def test_eviction_stops_at_the_bound() -> None:
+    router = box_router(3)
+    boxes = [router.route(("http", f"h{i}", 80), "/") for i in range(4)]
+    assert router.retired == [boxes[0]]  # one out, three kept: not one more
+    assert sum(name.startswith("http://") for name in router.compartments) == 3
+
+
+def test_a_second_chance_is_given_once_per_use() -> None:
+    router = box_router(2)
+    h0, h1 = (router.route(("http", f"h{i}", 80), "/") for i in range(2))
+    h0.uses = 1  # used since it was made
+    h2 = router.route(("http", "h2", 80), "/")
+    assert router.retired == [h1]  # h0 had its second chance
+    router.route(("http", "h3", 80), "/")
+    assert router.retired == [h1, h2]
+    router.route(("http", "h4", 80), "/")  # h0 unused since its second chance: out
+    assert router.retired == [h1, h2, h0]
