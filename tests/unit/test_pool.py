@@ -6,6 +6,7 @@ import math
 import os
 import random
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -103,7 +104,9 @@ def test_full_pool_evicts_idle_of_another_origin_to_dial() -> None:
     a = dial(pool, A, 0)
     pool.release(a, 1, reusable=True)
     grant, closing = pool.checkout(B, 2)
-    assert grant is DIAL and closing == [a] and pool.total == 1
+    assert grant is DIAL and closing == [a] and pool.total == 1 and pool.idle == 0
+    assert pool.discards[Discard.SURPLUS] == 1
+    assert pool.checkout(A, 3)[0] is None  # the evicted one is gone for good
 
 
 def test_connection_waiters_get_released_connection_or_dial_fifo() -> None:
@@ -374,6 +377,12 @@ def test_operations_on_a_connection_already_closed_do_nothing() -> None:
     assert pool.release(conn, 1, reusable=True) == []
     assert pool.set_cap(conn, 8) == [] and pool.drain(conn) == []
     assert pool.discards[Discard.ERROR] == 1 and pool.total == 0 and pool.idle == 0
+    assert pool.checkout(A, 1)[0] is DIAL  # never handed out again
+    idle = PoolEntry(A)
+    pool.dialed(idle, 1, multiplexed=True)
+    pool.release(idle, 1, reusable=True)
+    assert pool.checkout(A, 99)[0] is DIAL and not idle.in_pool  # expired while idle
+    assert pool.drain(idle) == [] and pool.discards[Discard.NOT_REUSABLE] == 0
 
 
 def test_goaway_on_an_idle_connection_closes_it_at_once_and_only_once() -> None:
@@ -416,21 +425,73 @@ def test_a_waiter_may_be_granted_when_it_queues() -> None:
     assert pool.wait(w) == [] and woken == [w] and w.grant is DIAL and pool.total == 1
 
 
-def test_a_grant_handed_on_is_checked_against_the_latest_clock() -> None:
+@pytest.mark.parametrize("tell", ["checkout", "dialed", "release", "sweep"])
+def test_a_grant_handed_on_is_checked_against_the_latest_clock(tell: str) -> None:
     """The connection was granted while fresh, then its waiter gave up 11 s later without
     using it: by then its idle deadline has passed (any call since told the pool the time),
     so the next waiter gets a dial instead of a connection the server may have closed."""
-    pool = make_pool(max_connections=1, idle_timeout=10.0)
+    pool = make_pool(max_connections=3, idle_timeout=10.0, may_multiplex=lambda o: o == B)
     woken: list[PoolWaiter] = []
     conn = dial(pool, A, 0)
+    shared = dial(pool, B, 0, multiplexed=True)
+    pool.set_cap(shared, 4)
+    assert pool.checkout(B, 0)[0] is shared  # two streams on it
+    assert pool.checkout(B, 0, fresh=True)[0] is DIAL  # the third place: dialing
     first, second = waiter(A, woken), waiter(A, woken)
     pool.wait(first)
     pool.wait(second)
     pool.release(conn, 5, reusable=True)  # idle deadline 15; granted to ``first`` at once
     assert first.grant is conn
-    assert pool.checkout(A, 16) == (None, [])  # another request: the clock says 16
+    if tell == "checkout":  # another request
+        assert pool.checkout(A, 16) == (None, [])
+    elif tell == "dialed":  # a dial completes
+        assert pool.dialed(PoolEntry(B), 16, multiplexed=True) == []
+    elif tell == "release":  # a stream ends on another connection
+        assert pool.release(shared, 16, reusable=True) == []
+    else:  # the expiry timer
+        assert pool.sweep(16) == []
     assert pool.cancel(first) == [conn]
     assert second.grant is DIAL and pool.discards[Discard.IDLE_EXPIRED] == 1
+
+
+def test_scale_outs_count_only_dials_beside_open_connections() -> None:
+    pool = make_pool(max_connections=3, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 1)
+    assert pool.checkout(A, 0)[0] is DIAL and pool.scale_outs == 1  # conn is at its cap
+    pool.dial_failed(A)
+    pool.discard(conn, Discard.ERROR)
+    assert pool.checkout(A, 1)[0] is DIAL and pool.scale_outs == 1  # nothing open: no
+    again = PoolEntry(A)
+    pool.dialed(again, 1, multiplexed=True)
+    pool.set_cap(again, 1)
+    assert pool.checkout(A, 1)[0] is DIAL and pool.scale_outs == 2
+
+
+def test_the_most_recently_used_multiplexed_connection_serves_next() -> None:
+    pool = make_pool(max_connections=2, may_multiplex=lambda origin: True)
+    first = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(first, 1)
+    assert pool.checkout(A, 0)[0] is DIAL  # first is at its cap
+    second = PoolEntry(A)
+    pool.dialed(second, 0, multiplexed=True)
+    pool.set_cap(second, 4)
+    pool.set_cap(first, 4)  # both have room; first was indexed last
+    assert pool.checkout(A, 1)[0] is first
+    pool.release(second, 2, reusable=True)  # second was used last: it serves next
+    assert pool.checkout(A, 3)[0] is second
+
+
+def test_a_connection_past_its_lifetime_is_skipped_for_the_next_one() -> None:
+    pool = make_pool(max_lifetime=10.0, max_connections=3, may_multiplex=lambda origin: True)
+    old = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(old, 1)
+    assert pool.checkout(A, 0)[0] is DIAL
+    young = PoolEntry(A)
+    pool.dialed(young, 5, multiplexed=True)  # lives until 15
+    pool.set_cap(young, 4)
+    pool.set_cap(old, 4)  # old is the most recently indexed: picked first, but expired
+    assert pool.checkout(A, 11)[0] is young and old.draining
 
 
 def test_a_cap_change_on_an_idle_connection_keeps_it_idle_once() -> None:
