@@ -16,7 +16,14 @@ import pytest
 
 from httpx_bulkhead import BulkheadTransport, ExchangeInfo, Policy
 from tests.conftest import until
-from tests.servers import HypercornServer, RawConn, RawServer, keepalive_ok, never_answer
+from tests.servers import (
+    HypercornServer,
+    RawConn,
+    RawServer,
+    default_server_tls,
+    keepalive_ok,
+    never_answer,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
@@ -685,21 +692,25 @@ def big_download(conn: RawConn) -> None:
         conn.server.set_event("sent")
 
 
-async def test_a_download_the_caller_reads_late_arrives_whole() -> None:
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_a_download_the_caller_reads_late_arrives_whole(tls: bool) -> None:
     """Nobody reads the body until the server has pushed what the buffers hold: the
     stream stops reading from the socket (back-pressure) and resumes as the caller reads;
-    no byte is lost or reordered."""
-    with RawServer(big_download) as srv:
-        transport = BulkheadTransport()
+    no byte is lost or reordered (over TLS the plaintext buffer is what fills)."""
+    server_tls = default_server_tls() if tls else None
+    with RawServer(big_download, tls=server_tls) as srv:
+        verify = server_tls.client_ssl_context() if server_tls else True
+        transport = BulkheadTransport(verify=verify)
+        url = srv.url
         async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
-            async with client.stream("GET", srv.url) as response:
+            async with client.stream("GET", url) as response:
                 for _ in range(20):
                     await anyio.sleep(0.01)  # let the buffers fill (not a synchronisation)
                 body = await response.aread()
             assert len(body) == BIG and body == (bytes(range(256)) * 256) * (BIG // 65536)
             await srv.wait_event("sent")
-            assert info(await client.get(srv.url)).reused
-        assert transport.statistics()[srv.url].completed == 2
+            assert info(await client.get(url)).reused
+        assert transport.statistics()[url].completed == 2
 
 
 def slow_reader(conn: RawConn) -> None:
