@@ -679,11 +679,11 @@ async def test_keep_alive_header_values(value: str, kept_for: float) -> None:
 
 # ------------------------------------------------------------------- back-pressure
 
-BIG = 8 * 1024 * 1024
+BIG = 4 * 1024 * 1024
 
 
 def big_download(conn: RawConn) -> None:
-    """Answers with an 8 MB body of a known pattern, sent as fast as the client takes it."""
+    """Answers with a 4 MB body of a known pattern, sent as fast as the client takes it."""
     while conn.read_request() is not None:
         conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG)
         block = bytes(range(256)) * 256
