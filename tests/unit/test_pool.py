@@ -504,6 +504,20 @@ def test_a_cap_change_on_an_idle_connection_keeps_it_idle_once() -> None:
     assert repr(DIAL) == "DIAL"
 
 
+def test_a_retry_on_a_fresh_connection_does_not_barge_past_stream_waiters() -> None:
+    """A stale-connection retry asks for a new connection (``fresh``); while requests of
+    its origin wait for streams of a dial in flight, it waits behind them, though the pool
+    has room for another dial."""
+    pool = make_pool(max_connections=4, may_multiplex=lambda origin: True)
+    assert pool.checkout(A, 0)[0] is DIAL
+    w = waiter(A, [])
+    assert pool.checkout(A, 0)[0] is None
+    pool.wait(w)
+    assert w.for_streams and pool.total == 1
+    assert pool.checkout(A, 0, fresh=True) == (None, [])
+    assert pool.total == 1 and pool.scale_outs == 0
+
+
 class CountingEntry(PoolEntry):
     """Counts how often the pool looks at a connection's spare capacity."""
 
