@@ -494,14 +494,15 @@ class Pool:
 
     def _expects_streams(self, origin: Origin, waiting: int) -> bool:
         """Whether ``waiting`` requests can count on streams of this origin's multiplexed
-        connections (open ones, and dials in flight) instead of dialing their own."""
+        connections (open ones, and dials in flight) instead of dialing their own.  Each
+        connection coming carries its dialer's request and ``cap - 1`` others."""
         multiplexed = self._multiplexed.get(origin)
         if multiplexed is None:
             multiplexed = self._may_multiplex(origin)
         if not multiplexed:
             return False
         coming = self._dialing.get(origin, 0) + self._unsettled.get(origin, 0)
-        return waiting <= coming * max(1, self._cap.get(origin, _UNKNOWN_CAP))
+        return waiting <= coming * (max(1, self._cap.get(origin, _UNKNOWN_CAP)) - 1)
 
     def _reserve_place(self, origin: Origin, to_close: list[PoolEntry]) -> bool:
         if self.total >= self.max_connections:

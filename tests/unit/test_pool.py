@@ -518,6 +518,31 @@ def test_a_retry_on_a_fresh_connection_does_not_barge_past_stream_waiters() -> N
     assert pool.total == 1 and pool.scale_outs == 0
 
 
+@pytest.mark.parametrize(("cap", "covered"), [(1, 0), (3, 2), (10, 9)])
+def test_a_dial_in_flight_carries_its_own_request_and_cap_minus_one_more(
+    cap: int, covered: int
+) -> None:
+    """Once the peer's stream cap is known, a dial in flight is expected to serve its own
+    request and ``cap - 1`` others: those wait for it, the next request dials at once (with
+    the peer allowing one stream, every request dials)."""
+    pool = make_pool(max_connections=20, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, cap)
+    for _ in range(cap - 1):
+        assert pool.checkout(A, 0)[0] is conn  # conn is now at its cap
+    assert pool.checkout(A, 0)[0] is DIAL and pool.scale_outs == 1
+    queued = [waiter(A, []) for _ in range(covered)]
+    for w in queued:
+        assert pool.checkout(A, 0)[0] is None
+        pool.wait(w)
+    assert all(w.for_streams and w.grant is None for w in queued)
+    nxt = waiter(A, [])
+    if pool.checkout(A, 0)[0] is None:  # behind the queued ones, but with a place at once
+        pool.wait(nxt)
+        assert nxt.grant is DIAL
+    assert pool.scale_outs == 2 and pool.total == 3
+
+
 class CountingEntry(PoolEntry):
     """Counts how often the pool looks at a connection's spare capacity."""
 
