@@ -518,7 +518,7 @@ def test_a_retry_on_a_fresh_connection_does_not_barge_past_stream_waiters() -> N
     assert pool.total == 1 and pool.scale_outs == 0
 
 
-@pytest.mark.parametrize(("cap", "covered"), [(1, 0), (3, 2), (10, 9)])
+@pytest.mark.parametrize(("cap", "covered"), [(1, 0), (2, 1), (3, 2), (10, 9)])
 def test_a_dial_in_flight_carries_its_own_request_and_cap_minus_one_more(
     cap: int, covered: int
 ) -> None:
