@@ -49,7 +49,7 @@ def test_reuses_most_recently_released_connection_lifo() -> None:
     assert pool.release(second, 2, reusable=True) == []
     grant, _ = pool.checkout(A, 3)
     assert grant is second and second.served == 2
-    assert pool.idle == 1 and pool.total == 2
+    assert pool.idle == 1 and pool.total == 2 and pool.created == 2
 
 
 def test_idle_expiry_is_checked_at_checkout_and_pruned_oldest_first() -> None:
@@ -358,12 +358,14 @@ def test_close_hands_back_the_waiters_then_the_idle_connections() -> None:
     queued = [waiter(A, []), waiter(B, [])]
     for w in queued:
         pool.wait(w)
+    assert pool.waiting == 2
     closing, waiters = pool.close()
     assert closing == [] and waiters == queued and pool.waiting == 0
     assert all(w.grant is None for w in queued)
     pool.release(first, 1, reusable=True)
     assert pool.checkout(B, 1)[0] is None  # no place after close, not even by eviction
-    assert pool.close() == ([first], []) and not first.in_pool
+    assert pool.idle == 1
+    assert pool.close() == ([first], []) and not first.in_pool and pool.idle == 0
     assert pool.discards[Discard.CLOSED] == 1 and pool.total == 1 and second.in_pool
 
 
@@ -541,6 +543,62 @@ def test_a_dial_in_flight_carries_its_own_request_and_cap_minus_one_more(
         pool.wait(nxt)
         assert nxt.grant is DIAL
     assert pool.scale_outs == 2 and pool.total == 3
+
+
+def test_a_fresh_request_with_no_room_shares_an_open_connection() -> None:
+    pool = make_pool(max_connections=1, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 4)
+    assert pool.checkout(A, 1, fresh=True) == (conn, []) and conn.active == 2
+
+
+def test_a_new_dial_covers_the_place_waiters_behind_it() -> None:
+    """Requests that waited for a place: when one gets it, the others of its origin ride
+    on that dial (the peer's cap, 3, leaves room for two) instead of waiting for places."""
+    pool = make_pool(max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 3)
+    for _ in range(2):
+        assert pool.checkout(A, 0)[0] is conn
+    other = dial(pool, B, 0)  # the pool is full
+    woken: list[PoolWaiter] = []
+    places = [waiter(A, woken) for _ in range(3)]
+    for w in places:
+        assert pool.checkout(A, 0)[0] is None
+        pool.wait(w)
+    assert not any(w.for_streams for w in places) and pool.waiting == 3
+    pool.discard(other, Discard.ERROR)
+    assert woken == [places[0]] and places[0].grant is DIAL
+    assert [w.for_streams for w in places[1:]] == [True, True] and pool.waiting == 2
+
+
+def test_a_settled_connection_that_closes_leaves_the_cover_count_right() -> None:
+    pool = make_pool(max_connections=4, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 3)  # SETTINGS: settled
+    pool.discard(conn, Discard.ERROR)
+    assert pool.checkout(A, 1)[0] is DIAL
+    assert pool.checkout(A, 1)[0] is None  # rides on the dial in flight (cap 3: room for 2)
+
+
+def test_a_waiter_that_lost_its_cover_can_still_leave_the_queue() -> None:
+    """A request waiting for streams of a dial that failed moves to the place queue; it
+    must be found there when it gives up."""
+    pool = make_pool(max_connections=2, may_multiplex=lambda origin: True)
+    conn = dial(pool, A, 0, multiplexed=True)
+    pool.set_cap(conn, 2)
+    assert pool.checkout(A, 0)[0] is conn
+    assert pool.checkout(A, 0)[0] is DIAL  # a scale-out dial: the pool is full
+    woken: list[PoolWaiter] = []
+    b1, w1, w2 = waiter(B, woken), waiter(A, woken), waiter(A, woken)
+    for w in (b1, w1, w2):
+        pool.wait(w)
+    assert w1.for_streams and not w2.for_streams and pool.waiting == 3
+    pool.dial_failed(A)  # b1 (first in line) gets the place; w1 now waits for one
+    assert woken == [b1] and not w1.for_streams and pool.waiting == 2
+    assert pool.cancel(w1) == [] and pool.waiting == 1
+    pool.release(conn, 1, reusable=True)
+    assert woken == [b1, w2] and w2.grant is conn and w1.grant is None
 
 
 class CountingEntry(PoolEntry):
