@@ -533,8 +533,11 @@ def report(results: dict[str, Any]) -> str:
         worst = min(s[0] / s[1] if s[1] else 1.0 for s in scores)
         best = max(s[0] / s[1] if s[1] else 1.0 for s in scores)
         killed = ", ".join(f"{k}/{n}" for k, n, _ in scores)
+        looped = max(
+            list(data["seeds"][str(seed)]["verdicts"].values()).count("timeout") for seed in seeds
+        )
         rows.append(
-            f"| `{module}` | {len(mutants)} | {len(equivalent_keys)} | {killed} | "
+            f"| `{module}` | {len(mutants)} | {len(equivalent_keys)} | {killed} | {looped} | "
             f"{100 * worst:.1f} to {100 * best:.1f}% |"
         )
         for m in mutants:
@@ -552,11 +555,14 @@ def report(results: dict[str, Any]) -> str:
         "run it); judgements of the survivors live in `tests/mutation-judgements.toml`.",
         "",
         f"Hypothesis seeds: {', '.join(str(s) for s in seeds)}.  *Killed* counts the",
-        "non-equivalent mutants the unit tests kill, per seed; a timeout (a mutant that loops)",
-        "counts as killed.",
+        "non-equivalent mutants the unit tests kill, per seed.  A mutant that runs far past the",
+        "unmutated tests' time (it loops; a second try with six times the limit rules out a",
+        "busy machine) counts as killed; *timeouts* says how many did so (most with any one",
+        "seed).  A mutant killed by a test that draws no Hypothesis examples is killed with",
+        "every seed and is not run again.",
         "",
-        "| module | mutants | equivalent | killed (per seed) | score (range over seeds) |",
-        "|---|---:|---:|---|---|",
+        "| module | mutants | equivalent | killed (per seed) | timeouts | score (seed range) |",
+        "|---|---:|---:|---|---:|---|",
         *rows,
         "",
         "## Survivors",
