@@ -521,8 +521,11 @@ def report(results: dict[str, Any]) -> str:
     for module, data in results["modules"].items():
         mutants = data["mutants"]
         scores = []
-        equivalent_keys = {
-            m["key"] for m in mutants if judgements.get(m["key"], {}).get("verdict") == "equivalent"
+        equivalent_keys = {  # judged equivalent, and alive with some seed
+            m["key"]
+            for m in mutants
+            if judgements.get(m["key"], {}).get("verdict") == "equivalent"
+            and any(data["seeds"][str(seed)]["verdicts"][m["key"]] == "survived" for seed in seeds)
         }
         for seed in seeds:
             verdicts = data["seeds"][str(seed)]["verdicts"]
