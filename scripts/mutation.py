@@ -383,6 +383,8 @@ class _Killer:
         cls = getattr(item, "cls", None)
         seeded = getattr(obj, "is_hypothesis_test", False) or hasattr(cls, "settings")
         self.seeded = bool(seeded)
+        with open(self.path + ".current", "w") as out:  # read if the test never ends
+            out.write("seeded" if seeded else "plain")
 
     def pytest_exception_interact(self, node: Any, call: Any, report: Any) -> None:
         if getattr(self, "seeded", True) and not os.path.exists(self.path + ".seeded"):
@@ -415,13 +417,18 @@ def _child(module: str, seed: int, index: int | None, killer: str) -> int:
     return int(pytest.main(_pytest_args(module, seed), plugins=[_Killer(killer)]))
 
 
-def run_one(module: str, seed: int, index: int | None, timeout: float) -> tuple[str, bool]:
+def run_one(module: str, seed: int, index: int | None, cpu_limit: float) -> tuple[str, bool, float]:
     """Fork, run the tests against mutant ``index`` (``None``: unmutated).  Returns the
-    verdict (``survived``, ``killed``, ``timeout`` or ``error``: the tests could not run)
-    and whether it may depend on the Hypothesis seed (the killing test draws examples)."""
+    verdict (``survived``, ``killed``, ``timeout`` or ``error``: the tests could not run),
+    whether it may depend on the Hypothesis seed (the killing or looping test draws
+    examples), and the CPU seconds the child used.
+
+    A child that used more than ``cpu_limit`` CPU seconds loops: it is killed (``timeout``).
+    CPU time, not wall time, so that a machine busy with other work is not taken for a
+    loop (wall time is bounded too, at 50 times the limit)."""
     started = time.monotonic()
     killer = f"/tmp/mutation-killer-{os.getpid()}"
-    for stale in (killer, killer + ".seeded"):
+    for stale in (killer, killer + ".seeded", killer + ".current"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)
     pid = os.fork()
@@ -431,20 +438,29 @@ def run_one(module: str, seed: int, index: int | None, timeout: float) -> tuple[
             code = _child(module, seed, index, killer)
         finally:
             os._exit(code)
-    deadline = started + timeout
+    tick = os.sysconf("SC_CLK_TCK")
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
             break
-        if time.monotonic() > deadline:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        if cpu > cpu_limit or time.monotonic() - started > 50 * cpu_limit:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "timeout", True
-        time.sleep(0.01)
+            try:
+                with open(killer + ".current") as current:
+                    seeded = current.read() != "plain"
+            except FileNotFoundError:
+                seeded = True
+            return "timeout", seeded, cpu
+        time.sleep(0.05)
+    cpu = usage.ru_utime + usage.ru_stime
     code = os.waitstatus_to_exitcode(status)
     verdict = {0: "survived", 1: "killed"}.get(code, "error")
     seeded = verdict != "killed" or os.path.exists(killer + ".seeded")
-    return verdict, seeded
+    return verdict, seeded, cpu
 
 
 def _preload(modules: list[str]) -> None:
@@ -477,21 +493,17 @@ def run(
         # only the others are run again with the next seeds.
         settled: set[str] = set()
         for seed in seeds:
-            started = time.monotonic()
-            verdict, _ = run_one(module, seed, None, timeout=600)
-            baseline = time.monotonic() - started
+            verdict, _, baseline = run_one(module, seed, None, cpu_limit=600)
             if verdict != "survived":
                 raise SystemExit(f"{module}: the unmutated tests fail (seed {seed}): {verdict}")
-            timeout = max(10.0, 5 * baseline)
+            cpu_limit = max(5.0, 3 * baseline)
             verdicts: dict[str, str] = {}
             for number, mutant in enumerate(mutants, 1):
                 if mutant.key in settled:
                     verdicts[mutant.key] = "killed"
                     mark = ","
                 else:
-                    verdict, seeded = run_one(module, seed, mutant.index, timeout)
-                    if verdict == "timeout":  # a loop, or a machine busy with other work?
-                        verdict, seeded = run_one(module, seed, mutant.index, 6 * timeout)
+                    verdict, seeded, _ = run_one(module, seed, mutant.index, cpu_limit)
                     verdicts[mutant.key] = verdict
                     if not seeded:
                         settled.add(mutant.key)
@@ -500,7 +512,7 @@ def run(
                 if number % 80 == 0:
                     print(f" {number}/{len(mutants)}", flush=True)
             counts = {v: list(verdicts.values()).count(v) for v in set(verdicts.values())}
-            print(f"\n{module} seed {seed}: {counts} (baseline {baseline:.1f} s)", flush=True)
+            print(f"\n{module} seed {seed}: {counts} (baseline {baseline:.1f} s CPU)", flush=True)
             per_seed[str(seed)] = {"baseline": baseline, "verdicts": verdicts}
         results["modules"][module] = {
             "mutants": [dataclasses.asdict(m) for m in mutants],
@@ -558,11 +570,11 @@ def report(results: dict[str, Any]) -> str:
         "run it); judgements of the survivors live in `tests/mutation-judgements.toml`.",
         "",
         f"Hypothesis seeds: {', '.join(str(s) for s in seeds)}.  *Killed* counts the",
-        "non-equivalent mutants the unit tests kill, per seed.  A mutant that runs far past the",
-        "unmutated tests' time (it loops; a second try with six times the limit rules out a",
-        "busy machine) counts as killed; *timeouts* says how many did so (most with any one",
-        "seed).  A mutant killed by a test that draws no Hypothesis examples is killed with",
-        "every seed and is not run again.",
+        "non-equivalent mutants the unit tests kill, per seed.  A mutant whose tests use more",
+        "than three times the CPU time of the unmutated tests (at least 5 s) loops and counts",
+        "as killed; *timeouts* says how many did so (most with any one seed).  A mutant killed",
+        "(or looping) in a test that draws no Hypothesis examples is so with every seed and is",
+        "not run again.",
         "",
         "| module | mutants | equivalent | killed (per seed) | timeouts | score (seed range) |",
         "|---|---:|---:|---|---:|---|",
