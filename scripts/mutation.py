@@ -69,6 +69,8 @@ TARGETS: dict[str, list[str]] = {
     "_routing": ["tests/unit/test_routing.py"],
     "_config": ["tests/unit/test_config.py"],
     "_stats": ["tests/unit/test_stats.py"],
+    "_h2frames": ["tests/unit/test_h2frames.py"],
+    "_codec": ["tests/unit/test_codec.py"],
 }
 DEFAULT_SEEDS = (0, 1, 2)
 
@@ -575,6 +577,12 @@ def report(results: dict[str, Any]) -> str:
         "as killed; *timeouts* says how many did so (most with any one seed).  A mutant killed",
         "(or looping) in a test that draws no Hypothesis examples is so with every seed and is",
         "not run again.",
+        "",
+        "The codecs: `_h2frames` (the splitter that takes GOAWAY frames out of the HTTP/2",
+        "byte stream) and `_codec` (the two HTTP/1.1 codecs behind one interface: the h11",
+        "adapter and the httptools one, whose request framing, chunked encoding and",
+        "keep-alive verdicts are ours).  Chunked *decoding* and HPACK are done by h11,",
+        "httptools and h2 themselves: this package has no decoder of its own to mutate.",
         "",
         "| module | mutants | equivalent | killed (per seed) | timeouts | score (seed range) |",
         "|---|---:|---:|---|---:|---|",
