@@ -180,6 +180,10 @@ def test_transport_rejects_bad_configuration() -> None:
         BulkheadTransport(hosts={"ftp://x": Policy()})
     with pytest.raises(ValueError, match="duplicates"):
         BulkheadTransport(hosts={"x": Policy(), "X": Policy()})
+    with pytest.raises(ValueError, match="no HTTP version left"):
+        BulkheadTransport(http1=False, http2=False)
+    with pytest.raises(ValueError, match="must be 'h11' or 'httptools', got 'llhttp'"):
+        BulkheadTransport(http1_parser="llhttp")
 
 
 @pytest.mark.parametrize(
