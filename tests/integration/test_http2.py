@@ -232,3 +232,32 @@ async def test_a_sync_request_body_is_refused_and_the_slot_returned(
     assert response.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
     stats = transport.statistics()[server.url]
     assert (stats.running, stats.completed) == (0, 1)
+
+
+async def test_data_arriving_for_a_stream_closed_early_is_credited_back(
+    server: HypercornServer,
+) -> None:
+    """A response closed after its first chunk resets its stream; the DATA already on its
+    way is read later (by the next request) and its flow-control credit given back, so
+    the connection's window never runs dry: 5 x 4 MB abandoned, then 4 MB read in full on
+    the same connection.  A closed body cannot be iterated again."""
+    transport = h2c_transport()
+    size = 4_000_000
+    url = f"{server.url}/bytes/{size}"
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        for _ in range(5):
+            response = await transport.handle_async_request(httpx.Request("GET", url))
+            body = response.stream
+            assert isinstance(body, httpx.AsyncByteStream)
+            chunks = body.__aiter__()
+            assert await chunks.__anext__()
+            await response.aclose()  # with most of the body still coming
+            with pytest.raises(StopAsyncIteration):
+                await chunks.__anext__()
+            with pytest.raises(httpx.StreamClosed):
+                body.__aiter__()
+            whole = await client.get(url)
+            assert len(whole.content) == size
+    stats = transport.statistics()[server.url]
+    assert stats.connections_created == 1 and stats.failed == 0
+    assert stats.streams_reset == 5 and stats.completed == 5  # the abandoned: not completed
