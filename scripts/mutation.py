@@ -587,6 +587,11 @@ def report(results: dict[str, Any]) -> str:
         "| module | mutants | equivalent | killed (per seed) | timeouts | score (seed range) |",
         "|---|---:|---:|---|---:|---|",
         *rows,
+        *(
+            f"| `{module}` | not run yet | | | | |"
+            for module in TARGETS
+            if module not in results["modules"]
+        ),
         "",
         "## Survivors",
         "",
