@@ -810,9 +810,9 @@ class PoolMachine(RuleBasedStateMachine):
             self.waiters.remove(w)
         else:  # granted but cancelled before it resumed: the grant is passed on
             self.granted.remove(w)
-            if isinstance(grant, PoolEntry) and grant.in_pool:
-                assert self._holders(grant) == grant.active
-        self._settle()
+        self._settle()  # (the waiter the grant went to is a holder from here on)
+        if isinstance(grant, PoolEntry) and grant.in_pool:
+            assert self._holders(grant) == grant.active
 
     @rule(seconds=st.floats(min_value=0, max_value=8))
     def tick(self, seconds: float) -> None:
