@@ -592,6 +592,18 @@ def report(results: dict[str, Any]) -> str:
             for module in TARGETS
             if module not in results["modules"]
         ),
+        *(
+            [
+                "",
+                "Not run yet: "
+                + ", ".join(f"`{m}`" for m in TARGETS if m not in results["modules"])
+                + " (`python scripts/mutation.py --modules "
+                + " ".join(m for m in TARGETS if m not in results["modules"])
+                + "`; see tests/README.md for why).",
+            ]
+            if any(m not in results["modules"] for m in TARGETS)
+            else []
+        ),
         "",
         "## Survivors",
         "",
