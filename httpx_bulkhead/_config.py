@@ -295,6 +295,8 @@ def _split_authority(authority: str, text: str) -> tuple[str, int | None]:
             ipaddress.IPv6Address(host)
         except ValueError:
             raise ValueError(f"hosts key {text!r}: invalid IPv6 address") from None
+    elif authority.startswith("["):  # brackets hold IPv6 literals only (RFC 3986 §3.2.2)
+        raise ValueError(f"hosts key {text!r}: only an IPv6 address goes in brackets")
     elif not _HOSTNAME.fullmatch(host):
         raise ValueError(f"hosts key {text!r}: invalid host")
     if port_text is None:
