@@ -29,7 +29,8 @@ id is released in the background like any other, and its expiry is the backstop.
 **Release** (``Lease.release()``) is synchronous and idempotent, callable from any thread
 (the compartment's garbage-collector hand-off): the lease leaves this process's books at
 once when called on the loop, and the Redis removal is batched into one background round
-trip scheduled with ``Timers`` (a callback returning an awaitable runs as a task).  With no
+trip scheduled with ``Timers`` (a callback returning an awaitable runs as a task).  If Redis
+does not answer, the ids are kept (up to 10,000) and sent once it answers again.  With no
 loop to run it, nothing is sent: the lease expires in Redis after at most ``lease``.
 
 **Renewal.**  One timer per limiter, armed while leases are held, fires every ``lease / 3``
@@ -120,6 +121,8 @@ class _Waiter:
 
 
 _Refused = int  # ms until the earliest lease expires (0: unknown)
+#: Lease ids kept for removal while Redis is unavailable (older ones just expire there).
+_MAX_UNSENT = 10_000
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
@@ -157,7 +160,9 @@ class FleetLimiter:
         self._release_script: AsyncScript | None = None
         self._thread: int | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._subscribed = False
+        self._wake = asyncio.Event()  # the head waiter sleeps on it
+        self._wakes = 0  # wake-ups so far: one during an attempt is not lost
         self._queue: OrderedDict[_Waiter, None] = OrderedDict()
         self._held: dict[str, Lease] = {}
         self._to_remove: list[str] = []
@@ -191,6 +196,7 @@ class FleetLimiter:
         self._start()
         deadline = None if budget is None else time.monotonic() + max(0.0, budget)
         refused: _Refused | None = None
+        wakes = self._wakes  # a wake-up during an attempt is not lost
         if not self._queue:  # nobody of ours waits: ask at once
             outcome = await self._attempt(deadline, more=False, request=request)
             if isinstance(outcome, Lease):
@@ -205,8 +211,9 @@ class FleetLimiter:
             while True:
                 if self._closed:
                     raise TransportClosed("the fleet limiter is closed", request=request)
-                if refused is not None:
+                if refused is not None and wakes == self._wakes:
                     await self._pause(refused, deadline, request)
+                wakes = self._wakes
                 outcome = await self._attempt(deadline, more=len(self._queue) > 1, request=request)
                 if isinstance(outcome, Lease):
                     return outcome
@@ -227,6 +234,7 @@ class FleetLimiter:
             waiting=len(self._queue),
             fleet_in_use=self._fleet_in_use,
             available=self._available,
+            subscribed=self._subscribed,
             acquired=self._acquired,
             round_trips=self._round_trips,
             fallbacks=self._fallbacks,
@@ -245,7 +253,7 @@ class FleetLimiter:
         self._closed = True
         for waiter in self._queue:
             waiter.turn.set()
-        self._wake.set()
+        self._wake_up()
         if self._renewal is not None:
             self._renewal.cancel()
             self._renewal = None
@@ -286,6 +294,10 @@ class FleetLimiter:
         self._thread = threading.get_ident()
         self._timers.bind()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
+
+    def _wake_up(self) -> None:
+        self._wakes += 1
+        self._wake.set()
 
     async def _attempt(
         self, deadline: float | None, *, more: bool, request: httpx.Request | None
@@ -383,7 +395,8 @@ class FleetLimiter:
         self, soonest_ms: int, deadline: float | None, request: httpx.Request | None
     ) -> None:
         """Sleep until a release is announced, the earliest lease expires or the jittered
-        poll interval passes; ``AcquireTimeout`` at the deadline."""
+        poll interval passes; ``AcquireTimeout`` at the deadline.  Only the head waiter
+        sleeps here, and only when nothing woke it since its last attempt."""
         delay = self.config.poll_interval * random.uniform(0.5, 1.5)
         if soonest_ms > 0:
             delay = min(delay, soonest_ms / 1000)
@@ -433,6 +446,8 @@ class FleetLimiter:
             )
             if any(not lease.fleet for lease in self._held.values()):
                 self._rearm_renewal(0.0)  # adopt the local leases now
+            if self._to_remove and not self._flushing:
+                self._forget_later()
 
     # -- releasing -------------------------------------------------------------------------
     def _release(self, lease: Lease) -> None:
@@ -445,12 +460,15 @@ class FleetLimiter:
         self._held.pop(lease.id, None)
         if lease.fleet:
             self._forget(lease.id)
-        self._wake.set()  # a local lease frees no fleet capacity, but its owner may go on
+        self._wake_up()  # a local lease frees no fleet capacity, but its owner may go on
         return None
 
     def _forget(self, lease_id: str) -> None:
         """Remove ``lease_id`` from Redis in the background (batched)."""
         self._to_remove.append(lease_id)
+        self._forget_later()
+
+    def _forget_later(self) -> None:
         if not self._flushing and self._client is not None:
             self._flushing = True
             if not self._timers.call_soon_threadsafe(self._flush):
@@ -465,9 +483,11 @@ class FleetLimiter:
                 try:
                     call = functools.partial(script, self._keys[:1], (self._keys[3], *batch))
                     await self._call(call, None)
-                except _Unavailable:
-                    return  # their expiry is the backstop
-                self._wake.set()  # our own head waiter may take it now
+                except _Unavailable:  # again once Redis answers; expiry is the backstop
+                    self._to_remove[:0] = batch[-_MAX_UNSENT:]
+                    del self._to_remove[_MAX_UNSENT:]
+                    return
+                self._wake_up()  # our own head waiter may take it now
         finally:
             self._flushing = False
 
@@ -536,13 +556,15 @@ class FleetLimiter:
             try:
                 with anyio.fail_after(self.config.redis_timeout):
                     await pubsub.subscribe(self._keys[3])
+                self._subscribed = True
                 while True:
                     message = await pubsub.get_message(timeout=self.config.poll_interval)
                     if message is not None:
-                        self._wake.set()
+                        self._wake_up()
             except self._errors:
                 pass  # the acquires and renewals notice and log; we only retry
             finally:
+                self._subscribed = False
                 with contextlib.suppress(*self._errors):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
             await anyio.sleep(self.config.retry_interval * random.uniform(0.5, 1.5))

@@ -31,7 +31,7 @@ OnUnavailable = Literal["local", "reject"]
 #: Seconds a lease lives in Redis unless renewed (renewed every third of it).
 DEFAULT_LEASE = 30.0
 #: Longest wait for one Redis round trip (the acquire budget left cuts it shorter).
-DEFAULT_REDIS_TIMEOUT = 0.25
+DEFAULT_REDIS_TIMEOUT = 0.5
 #: Seconds between two tries of a waiter when no release is announced (jittered by ±50%).
 DEFAULT_POLL_INTERVAL = 0.5
 #: While Redis is unavailable, requests do not ask it again for this many seconds.
@@ -81,7 +81,7 @@ class RedisFleetLimit:
             ``redis_timeout``): ``"local"`` (default) admits on the local limit alone and
             counts a fallback; ``"reject"`` raises ``FleetUnavailable``. Either way the
             limiter asks Redis again after ``retry_interval`` and recovers by itself.
-        redis_timeout: longest wait for one Redis round trip, in seconds. Default 0.25.
+        redis_timeout: longest wait for one Redis round trip, in seconds. Default 0.5.
             The acquire budget left cuts it shorter; keep it well below the acquire timeout.
         poll_interval: seconds between two tries of a waiting process when no release is
             announced (announcements come over pub/sub), jittered by ±50%. Default 0.5.
@@ -175,6 +175,8 @@ class FleetStats:
         fleet_in_use: leases held across the fleet as Redis last reported; ``None`` before
             the first answer.
         available: whether Redis answered the last time it was asked.
+        subscribed: whether release announcements are being received (pub/sub); without
+            them waiters still poll.
         acquired: leases granted by Redis.
         round_trips: Redis calls made (acquire, release, renewal), answered or not.
         fallbacks: requests admitted without a lease because Redis was unavailable.
@@ -192,6 +194,7 @@ class FleetStats:
     waiting: int
     fleet_in_use: int | None
     available: bool
+    subscribed: bool
     acquired: int
     round_trips: int
     fallbacks: int

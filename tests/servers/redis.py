@@ -40,7 +40,13 @@ from .raw import DEFAULT_TIMEOUT, LOCALHOST
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["INSTALL", "REQUIRE_REDIS_ENV", "RedisServer", "require_redis_server"]
+__all__ = [
+    "INSTALL",
+    "REQUIRE_REDIS_ENV",
+    "RedisServer",
+    "free_port",
+    "require_redis_server",
+]
 
 #: CI sets it to 1: a missing redis-server (or redis-py) then fails the test.
 REQUIRE_REDIS_ENV = "BULKHEAD_REQUIRE_REDIS"
@@ -67,7 +73,7 @@ def require_redis_server() -> str:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((LOCALHOST, 0))
         return int(sock.getsockname()[1])
@@ -92,6 +98,7 @@ class RedisServer:
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
+        self._client: redis.Redis | None = None
         self.starts = 0
 
     @property
@@ -111,7 +118,7 @@ class RedisServer:
         self._dir = tempfile.TemporaryDirectory(prefix="bulkhead-redis-")
         try:
             for _ in range(3):  # the port is picked before the server binds it: retry a race
-                self.port = _free_port()
+                self.port = free_port()
                 if self._spawn():
                     return self
             raise RuntimeError(f"redis-server did not start: {self.output()}")
@@ -141,6 +148,8 @@ class RedisServer:
     def stop(self) -> None:
         """SIGTERM by PID (after SIGCONT if paused), then SIGKILL if it lingers."""
         proc, self._proc = self._proc, None
+        if self._client is not None:
+            self._client.connection_pool.disconnect()
         if proc is None:
             return
         if proc.poll() is None:
@@ -167,16 +176,19 @@ class RedisServer:
         self._paused = False
 
     def client(self) -> redis.Redis:
-        """A sync client (``decode_responses=True``) for the test's own checks."""
-        import redis
+        """A sync client (``decode_responses=True``) for the test's own checks: one per
+        server, reconnecting after a restart, closed on exit."""
+        if self._client is None:
+            import redis
 
-        return redis.Redis(
-            host=LOCALHOST,
-            port=self.port,
-            decode_responses=True,
-            socket_timeout=DEFAULT_TIMEOUT,
-            socket_connect_timeout=DEFAULT_TIMEOUT,
-        )
+            self._client = redis.Redis(
+                host=LOCALHOST,
+                port=self.port,
+                decode_responses=True,
+                socket_timeout=DEFAULT_TIMEOUT,
+                socket_connect_timeout=DEFAULT_TIMEOUT,
+            )
+        return self._client
 
     def output(self) -> str:
         log = self._log
@@ -221,6 +233,9 @@ class RedisServer:
         try:
             self.stop()
         finally:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
             if self._dir is not None:
                 with contextlib.suppress(OSError):
                     self._dir.cleanup()
