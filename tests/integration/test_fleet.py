@@ -19,8 +19,6 @@ import anyio
 import httpx
 import pytest
 
-pytest.importorskip("redis")
-
 from httpx_bulkhead import AcquireTimeout, TransportClosed
 from httpx_bulkhead.fleet import (
     FleetLimiter,
@@ -28,7 +26,9 @@ from httpx_bulkhead.fleet import (
     Lease,
     RedisFleetLimit,
 )
-from tests.servers.redis import RedisServer
+from tests.servers.redis import RedisServer, importorskip_redis_py
+
+importorskip_redis_py()
 
 pytestmark = pytest.mark.anyio
 DEADLINE = 10.0

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("redis")
-
 from httpx_bulkhead import _fleet_lua as lua
-from tests.servers.redis import RedisServer
+from tests.servers.redis import RedisServer, importorskip_redis_py
+
+importorskip_redis_py()
 
 SEEDS = int(os.environ.get("BULKHEAD_FLEET_SEEDS", "4"))
 OPS = 150

@@ -27,12 +27,12 @@ from typing import IO, Any
 import anyio
 import pytest
 
-pytest.importorskip("redis")
-
 from httpx_bulkhead import AcquireTimeout
 from httpx_bulkhead.fleet import FleetLimiter, RedisFleetLimit
 from tests.servers.raw import RawConn, RawServer
-from tests.servers.redis import RedisServer
+from tests.servers.redis import RedisServer, importorskip_redis_py
+
+importorskip_redis_py()
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]

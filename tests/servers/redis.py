@@ -45,6 +45,7 @@ __all__ = [
     "REQUIRE_REDIS_ENV",
     "RedisServer",
     "free_port",
+    "importorskip_redis_py",
     "require_redis_server",
 ]
 
@@ -57,6 +58,13 @@ def _missing(message: str) -> None:
     if os.environ.get(REQUIRE_REDIS_ENV) == "1":
         pytest.fail(f"{message}; {REQUIRE_REDIS_ENV}=1 requires it", pytrace=False)
     pytest.skip(f"{message}; CI installs it and sets {REQUIRE_REDIS_ENV}=1")
+
+
+def importorskip_redis_py() -> None:
+    """At a test module's top: skip the module without redis-py, unless
+    ``BULKHEAD_REQUIRE_REDIS=1`` (then its import error fails the collection)."""
+    if os.environ.get(REQUIRE_REDIS_ENV) != "1":
+        pytest.importorskip("redis", reason="pip install 'httpx-bulkhead[redis]'")
 
 
 def require_redis_server() -> str:

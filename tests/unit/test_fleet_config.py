@@ -7,10 +7,13 @@ from typing import Any
 import httpx
 import pytest
 
-redis = pytest.importorskip("redis")
+from httpx_bulkhead import BulkheadError
+from httpx_bulkhead.fleet import FleetUnavailable, RedisFleetLimit
+from tests.servers.redis import importorskip_redis_py
 
-from httpx_bulkhead import BulkheadError  # noqa: E402
-from httpx_bulkhead.fleet import FleetUnavailable, RedisFleetLimit  # noqa: E402
+importorskip_redis_py()
+import redis  # noqa: E402
+import redis.asyncio  # noqa: E402
 
 URL = "redis://127.0.0.1:6399/0"
 
@@ -54,7 +57,7 @@ def test_url_or_client_is_checked_and_credentials_never_shown() -> None:
         RedisFleetLimit("http://user:s3cr3t@127.0.0.1/", key="k", limit=1)
     assert "s3cr3t" not in str(info.value)
     with pytest.raises(TypeError, match=r"synchronous redis\.Redis"):
-        RedisFleetLimit(redis.Redis(), key="k", limit=1)
+        RedisFleetLimit(redis.Redis(), key="k", limit=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="got int"):
         RedisFleetLimit(6379, key="k", limit=1)  # type: ignore[arg-type]
     client = redis.asyncio.Redis(password="s3cr3t")
@@ -75,3 +78,17 @@ def test_fleet_unavailable_is_a_bulkhead_error_not_a_timeout() -> None:
     assert issubclass(FleetUnavailable, BulkheadError)
     assert issubclass(FleetUnavailable, httpx.TransportError)
     assert not issubclass(FleetUnavailable, httpx.TimeoutException)
+
+
+def test_the_extra_stays_optional() -> None:
+    """``import httpx_bulkhead`` (and ``httpx_bulkhead.fleet``) never imports redis-py."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, httpx_bulkhead, httpx_bulkhead.fleet as f;"
+        " assert 'redis' not in sys.modules, 'redis imported';"
+        " assert sorted(f.__all__) == ['FleetLimiter', 'FleetStats', 'FleetUnavailable',"
+        " 'Lease', 'RedisFleetLimit']"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
