@@ -6,9 +6,11 @@ The decisions (who is admitted, which leases are alive) are taken by Redis in on
 Lua script per call (``_fleet_lua.py``); this module asks, sleeps and keeps counters.
 
 **Acquire.**  ``acquire(budget)`` returns a ``Lease`` or raises.  With nobody of this
-process waiting, it asks Redis at once: one round trip when capacity is free.  Otherwise
+process waiting, it asks Redis at once: one round trip when capacity is free (at most 16
+such asks at a time, so a burst cannot exhaust the client's connection pool).  Otherwise
 requests queue here in FIFO order and only the head of the queue asks Redis; when it is
-admitted the next one asks at once.  A refused head sleeps until a release is announced
+admitted the next one asks at once, so a contended process admits one request per round
+trip.  A refused head sleeps until a release is announced
 (pub/sub on ``K:free``, read by one listener task per limiter; our own releases wake it
 directly), the earliest lease expires, or the poll interval passes (jittered ±50%, so
 processes that missed an announcement do not ask in lockstep), whichever comes first.
@@ -121,6 +123,10 @@ class _Waiter:
 
 
 _Refused = int  # ms until the earliest lease expires (0: unknown)
+#: Acquires of one limiter that may ask Redis at once outside the queue: a burst beyond it
+#: queues (and is admitted one round trip after another), so a limiter needs at most this
+#: many connections plus three (release, renewal, pub/sub): redis-py's pool holds 100.
+_MAX_ASKING = 16
 #: Lease ids kept for removal while Redis is unavailable (older ones just expire there).
 _MAX_UNSENT = 10_000
 
@@ -164,6 +170,7 @@ class FleetLimiter:
         self._wake = asyncio.Event()  # the head waiter sleeps on it
         self._wakes = 0  # wake-ups so far: one during an attempt is not lost
         self._queue: OrderedDict[_Waiter, None] = OrderedDict()
+        self._asking = 0  # acquires asking Redis outside the queue (the fast path)
         self._held: dict[str, Lease] = {}
         self._to_remove: list[str] = []
         self._flushing = False
@@ -197,8 +204,12 @@ class FleetLimiter:
         deadline = None if budget is None else time.monotonic() + max(0.0, budget)
         refused: _Refused | None = None
         wakes = self._wakes  # a wake-up during an attempt is not lost
-        if not self._queue:  # nobody of ours waits: ask at once
-            outcome = await self._attempt(deadline, more=False, request=request)
+        if not self._queue and self._asking < _MAX_ASKING:  # nobody of ours waits: ask now
+            self._asking += 1
+            try:
+                outcome = await self._attempt(deadline, more=False, request=request)
+            finally:
+                self._asking -= 1
             if isinstance(outcome, Lease):
                 return outcome
             refused = outcome

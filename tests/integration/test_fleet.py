@@ -120,6 +120,28 @@ async def test_concurrent_acquires_never_exceed_the_limit(
     await until(lambda: in_redis(shared_redis, group[0]) == 0)
 
 
+async def test_a_burst_beyond_the_connection_pool_is_queued_not_failed(
+    shared_redis: RedisServer, limiters: Callable[..., FleetLimiter]
+) -> None:
+    """150 acquires at once on one limiter (redis-py's pool holds 100 connections): all
+    are admitted; none fails as if Redis were unavailable."""
+    limiter = limiters(shared_redis, 200)
+    leases: list[Lease] = []
+
+    async def one() -> None:
+        leases.append(await limiter.acquire(DEADLINE))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(150):
+            tg.start_soon(one)
+    stats = limiter.statistics()
+    assert (len(leases), stats.held, stats.outages, stats.rejected) == (150, 150, 0, 0)
+    assert in_redis(shared_redis, limiter) == 150
+    for lease in leases:
+        lease.release()
+    await until(lambda: in_redis(shared_redis, limiter) == 0)
+
+
 async def test_one_round_trip_per_uncontended_acquire(
     shared_redis: RedisServer, limiters: Callable[..., FleetLimiter]
 ) -> None:
