@@ -191,8 +191,11 @@ class FleetLimiter:
 
     # -- public ----------------------------------------------------------------------------
     async def acquire(self, budget: float | None, request: httpx.Request | None = None) -> Lease:
-        """A lease, waiting at most ``budget`` seconds (``None``: no limit but Redis's own
-        timeouts).  ``request`` is attached to the exceptions.
+        """A lease, waiting at most ``budget`` seconds: every Redis call is cut by what is
+        left of it.  ``None``: no limit but ``redis_timeout`` per call.  ``<= 0``: never
+        wait: one ask (bounded by ``redis_timeout`` alone, as no ask takes no time), and
+        none if requests of this process already wait.  ``request`` is attached to the
+        exceptions.
 
         Raises:
             AcquireTimeout: no lease within ``budget``.
@@ -201,7 +204,13 @@ class FleetLimiter:
             RuntimeError: not running under asyncio (redis-py's client needs it).
         """
         self._start()
-        deadline = None if budget is None else time.monotonic() + max(0.0, budget)
+        if budget is not None and budget <= 0:  # never wait: ask once, if nobody queues
+            if not self._queue:
+                outcome = await self._attempt(None, more=False, request=request)
+                if isinstance(outcome, Lease):
+                    return outcome
+            self._timed_out(request)
+        deadline = None if budget is None else time.monotonic() + budget
         refused: _Refused | None = None
         wakes = self._wakes  # a wake-up during an attempt is not lost
         if not self._queue and self._asking < _MAX_ASKING:  # nobody of ours waits: ask now
@@ -574,6 +583,12 @@ class FleetLimiter:
                         self._wake_up()
             except self._errors:
                 pass  # the acquires and renewals notice and log; we only retry
+            except Exception:  # not Redis's failure: ours or redis-py's; keep listening
+                logger.warning(
+                    "httpx_bulkhead: fleet limit %r: the release listener failed",
+                    self.name,
+                    exc_info=True,
+                )
             finally:
                 self._subscribed = False
                 with contextlib.suppress(*self._errors):

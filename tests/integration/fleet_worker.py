@@ -70,8 +70,17 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=25)
     parser.add_argument("--budget", type=float, default=30.0)
     parser.add_argument("--target", default="")
+    parser.add_argument("--redis-timeout", type=float, default=5.0)  # a loaded test machine
+    parser.add_argument("--on-unavailable", choices=["local", "reject"], default="reject")
     args = parser.parse_args()
-    config = RedisFleetLimit(args.redis, key=args.key, limit=args.limit, lease=args.lease)
+    config = RedisFleetLimit(
+        args.redis,
+        key=args.key,
+        limit=args.limit,
+        lease=args.lease,
+        redis_timeout=args.redis_timeout,
+        on_unavailable=args.on_unavailable,
+    )
     limiter = FleetLimiter(config)
     try:
         if args.mode == "calls":

@@ -153,6 +153,9 @@ async def test_one_round_trip_per_uncontended_acquire(
     lease.release()  # idempotent
     await until(lambda: limiter.statistics().round_trips == 2)  # the batched removal
     assert in_redis(shared_redis, limiter) == 0
+    now = await limiter.acquire(0)  # "never wait" still asks once
+    assert now.fleet and limiter.statistics().round_trips == 3
+    now.release()
 
 
 async def test_fifo_within_a_process_and_round_robin_between_processes(

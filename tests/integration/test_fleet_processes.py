@@ -5,6 +5,9 @@
 * A worker killed with SIGKILL while holding leases: its capacity returns within one lease
   time and the others proceed.
 
+Workers use ``on_unavailable="reject"`` and a 5 s ``redis_timeout``: on a loaded test
+machine a slow answer must fail the test visibly, not admit on the local limit.
+
 The workers start behind a gate (each says ready, then waits for a line on stdin), so the
 100 calls really are concurrent.  Today each worker calls ``FleetLimiter`` around an
 ``httpx.AsyncClient`` request; once ``Policy(fleet=...)`` is wired, the worker becomes a
@@ -185,7 +188,16 @@ async def test_a_killed_workers_capacity_returns_within_one_lease(
     )
     held = await anyio.to_thread.run_sync(worker.read)
     assert held["held"] == 3
-    limiter = FleetLimiter(RedisFleetLimit(redis_server.url, key=key, limit=3, lease=lease))
+    limiter = FleetLimiter(
+        RedisFleetLimit(
+            redis_server.url,
+            key=key,
+            limit=3,
+            lease=lease,
+            on_unavailable="reject",
+            redis_timeout=5.0,
+        )
+    )
     try:
         with pytest.raises(AcquireTimeout):
             await limiter.acquire(0)  # the worker's leases are real
@@ -202,6 +214,7 @@ async def test_a_killed_workers_capacity_returns_within_one_lease(
             for _ in range(3):
                 tg.start_soon(take)
         assert len(got) == 3 and time.monotonic() - killed < lease + 1.0
+        assert all(one.fleet for one in got)
         assert redis_server.client().zcard(f"{key}:leases") == 3
         for one in got:
             one.release()
