@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+import time
 
 import httpx
 
@@ -50,8 +51,11 @@ async def _calls(limiter: FleetLimiter, target: str, calls: int, budget: float) 
     async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
         _say(ready=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        started = time.monotonic()
         await asyncio.gather(*(one(client) for _ in range(calls)))
-    _say(done=done, failed=failed, stats=dataclasses.asdict(limiter.statistics()))
+        elapsed = time.monotonic() - started
+    stats = dataclasses.asdict(limiter.statistics())
+    _say(done=done, failed=failed, seconds=elapsed, stats=stats)
 
 
 async def _hold(limiter: FleetLimiter, calls: int, budget: float) -> None:
