@@ -67,20 +67,23 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 ACQUIRE = (
     _PRELUDE
     + """
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for i = 1, #gone do
-  redis.call('ZREM', KEYS[2], gone[i])
-  redis.call('ZREM', KEYS[3], gone[i])
+local since = false
+local ahead = 0
+if redis.call('EXISTS', KEYS[3]) == 1 then  -- somebody waits (the usual case: nobody)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+  for i = 1, #gone do
+    redis.call('ZREM', KEYS[2], gone[i])
+    redis.call('ZREM', KEYS[3], gone[i])
+  end
+  since = redis.call('ZSCORE', KEYS[2], ARGV[4])
+  if since then
+    ahead = redis.call('ZCOUNT', KEYS[2], '-inf', '(' .. since)
+  else
+    ahead = redis.call('ZCARD', KEYS[2])
+  end
 end
 local limit = tonumber(ARGV[1])
 local used = redis.call('ZCARD', KEYS[1])
-local since = redis.call('ZSCORE', KEYS[2], ARGV[4])
-local ahead
-if since then
-  ahead = redis.call('ZCOUNT', KEYS[2], '-inf', '(' .. since)
-else
-  ahead = redis.call('ZCARD', KEYS[2])
-end
 local wait_until = now + tonumber(ARGV[5])
 if used < limit and ahead < limit - used then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
