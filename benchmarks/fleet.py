@@ -16,7 +16,9 @@ Starts its own redis-server on 127.0.0.1 (``tests/servers/redis.py``; Debian's
   turn: round trips per granted lease when most acquires wait.
 * ``ceiling``: P client processes x 64 tasks doing acquire/release in a loop for
   ``--seconds`` against a limit nobody reaches: leases per second, and Redis's own CPU per
-  acquire+release (from ``INFO``), whose inverse is what one Redis core can serve.
+  acquire+release (from ``INFO``).  On 2 shared cores the Python clients saturate first,
+  so the Redis side is also measured alone: ``Redis time per script call`` (from
+  ``INFO commandstats``), whose inverse is what one Redis core can serve.
 
 Absolute figures drift on a small shared machine; the ratios and the round-trip counts
 are the point.
@@ -186,6 +188,32 @@ async def bench_redis_py(url: str, n: int) -> dict[str, float]:
         await client.aclose()
 
 
+def bench_scripts(server: RedisServer, n: int) -> dict[str, float]:
+    """Redis's own time per script call (``INFO commandstats``), sequential calls from a
+    sync client: ACQUIRE (nobody waiting), RELEASE, and a ``return 1`` script for scale."""
+    from httpx_bulkhead import _fleet_lua as lua
+
+    client = server.client()
+    leases, waiters, until, channel = lua.keys(f"bench-{uuid.uuid4().hex}")
+    acquire = client.register_script(lua.ACQUIRE)
+    release = client.register_script(lua.RELEASE)
+    noop = client.register_script("return 1")
+    calls: dict[str, Any] = {
+        "noop": lambda i: noop(),
+        "acquire": lambda i: acquire([leases, waiters, until], [n + 1, 30_000, i, "p", 2000, 0]),
+        "release": lambda i: release([leases], [channel, i]),
+    }
+    result = {}
+    for name, call in calls.items():
+        call(-1)
+        client.config_resetstat()
+        for i in range(n):
+            call(i)
+        stats: Any = client.info("commandstats")
+        result[name] = float(stats["cmdstat_evalsha"]["usec_per_call"])
+    return result
+
+
 def _redis_cpu(client: Any) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -202,6 +230,7 @@ def main() -> None:
         seq = asyncio.run(bench_sequential(server.url, args.requests))
         contended = asyncio.run(bench_contended(server.url, 100, max(1, args.requests // 100)))
         ceilings = {p: bench_ceiling(server, p, args.seconds) for p in (1, 2)}
+        scripts = bench_scripts(server, args.requests)
     us = 1e6
     print("| case | figure |\n| --- | --- |")
     print(f"| local Limiter try_acquire+release | {local_wall * us:.2f} µs wall, "
@@ -216,6 +245,10 @@ def main() -> None:
           "(1 acquire + batched release) |")  # fmt: skip
     print(f"| fleet, contended (100 tasks, limit 10) | {contended['per_second']:.0f} leases/s, "
           f"{contended['trips_per_grant']:.2f} round trips per grant |")  # fmt: skip
+    per_lease = scripts["acquire"] + scripts["release"]
+    print(f"| Redis time per script call | ACQUIRE {scripts['acquire']:.1f} µs, RELEASE "
+          f"{scripts['release']:.1f} µs (a `return 1` script: {scripts['noop']:.1f} µs): "
+          f"one Redis core serves ~{1e6 / per_lease:.0f} acquire+release/s |")  # fmt: skip
     for processes, ceiling in ceilings.items():
         print(
             f"| ceiling, {processes} client process(es) x 64 tasks | "

@@ -6,14 +6,15 @@ The decisions (who is admitted, which leases are alive) are taken by Redis in on
 Lua script per call (``_fleet_lua.py``); this module asks, sleeps and keeps counters.
 
 **Acquire.**  ``acquire(budget)`` returns a ``Lease`` or raises.  With nobody of this
-process waiting, it asks Redis at once: one round trip when capacity is free (at most 16
-such asks at a time, so a burst cannot exhaust the client's connection pool).  Otherwise
-requests queue here in FIFO order and only the head of the queue asks Redis; when it is
-admitted the next one asks at once, so a contended process admits one request per round
-trip.  A refused head sleeps until a release is announced
-(pub/sub on ``K:free``, read by one listener task per limiter; our own releases wake it
-directly), the earliest lease expires, or the poll interval passes (jittered ±50%, so
-processes that missed an announcement do not ask in lockstep), whichever comes first.
+process refused and waiting, it asks Redis at once: one round trip when capacity is free
+(at most 16 such asks at a time, the others wait for a turn to ask, so a burst cannot
+exhaust the client's connection pool).  Once refused, requests queue here in FIFO order
+and only the head of the queue asks Redis; when it is admitted the next one asks at once,
+so a contended process admits one request per round trip.  A refused head sleeps until a
+release is announced (pub/sub on ``K:free``, read by one listener task per limiter; our
+own releases wake it directly), the earliest lease expires, or the poll interval passes
+(jittered ±50%, so processes that missed an announcement do not ask in lockstep),
+whichever comes first.
 Fairness between processes is Redis's: round-robin among the waiting processes, oldest
 wait first (``_fleet_lua.py``).
 
@@ -123,9 +124,9 @@ class _Waiter:
 
 
 _Refused = int  # ms until the earliest lease expires (0: unknown)
-#: Acquires of one limiter that may ask Redis at once outside the queue: a burst beyond it
-#: queues (and is admitted one round trip after another), so a limiter needs at most this
-#: many connections plus three (release, renewal, pub/sub): redis-py's pool holds 100.
+#: Acquires of one limiter that may ask Redis at once outside the queue (more wait for a
+#: turn to ask), so a limiter needs at most this many connections plus three (release,
+#: renewal, pub/sub): redis-py's pool holds 100.
 _MAX_ASKING = 16
 #: Lease ids kept for removal while Redis is unavailable (older ones just expire there).
 _MAX_UNSENT = 10_000
@@ -170,7 +171,7 @@ class FleetLimiter:
         self._wake = asyncio.Event()  # the head waiter sleeps on it
         self._wakes = 0  # wake-ups so far: one during an attempt is not lost
         self._queue: OrderedDict[_Waiter, None] = OrderedDict()
-        self._asking = 0  # acquires asking Redis outside the queue (the fast path)
+        self._asking = asyncio.Semaphore(_MAX_ASKING)  # asks outside the queue at once
         self._held: dict[str, Lease] = {}
         self._to_remove: list[str] = []
         self._flushing = False
@@ -213,15 +214,11 @@ class FleetLimiter:
         deadline = None if budget is None else time.monotonic() + budget
         refused: _Refused | None = None
         wakes = self._wakes  # a wake-up during an attempt is not lost
-        if not self._queue and self._asking < _MAX_ASKING:  # nobody of ours waits: ask now
-            self._asking += 1
-            try:
-                outcome = await self._attempt(deadline, more=False, request=request)
-            finally:
-                self._asking -= 1
-            if isinstance(outcome, Lease):
-                return outcome
-            refused = outcome
+        if not self._queue:  # nobody of ours was refused: ask (16 asks at a time)
+            asked = await self._ask(deadline, request)
+            if isinstance(asked, Lease):
+                return asked
+            refused = asked
         waiter = _Waiter()
         self._queue[waiter] = None
         try:
@@ -315,6 +312,23 @@ class FleetLimiter:
         self._timers.bind()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
 
+    async def _ask(
+        self, deadline: float | None, request: httpx.Request | None
+    ) -> Lease | _Refused | None:
+        """The fast path: ask once, outside the queue, when an ask slot is free in time.
+        ``None`` when a request of ours was refused meanwhile (then queue behind it)."""
+        asking = self._asking
+        if asking.locked():
+            await self._wait_for(asking.acquire(), deadline, request)
+        else:
+            await asking.acquire()  # free: takes it without suspending
+        try:
+            if self._queue:
+                return None
+            return await self._attempt(deadline, more=False, request=request)
+        finally:
+            asking.release()
+
     def _wake_up(self) -> None:
         self._wakes += 1
         self._wake.set()
@@ -405,9 +419,14 @@ class FleetLimiter:
     async def _wait(
         self, event: asyncio.Event, deadline: float | None, request: httpx.Request | None
     ) -> None:
+        await self._wait_for(event.wait(), deadline, request)
+
+    async def _wait_for(
+        self, awaitable: Awaitable[Any], deadline: float | None, request: httpx.Request | None
+    ) -> None:
         timeout = None if deadline is None else deadline - time.monotonic()
         with anyio.move_on_after(timeout):
-            await event.wait()
+            await awaitable
             return
         self._timed_out(request)
 

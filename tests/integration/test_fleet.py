@@ -503,18 +503,22 @@ async def test_paused_redis_never_holds_a_request_past_its_budget(
 
 
 async def test_redis_never_reachable_falls_back_from_the_start(
-    unique: Callable[[str], str],
+    unique: Callable[[str], str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A URL nobody listens on: "local" admits, "reject" raises; no redis-py exception."""
+    """A URL nobody listens on: "local" admits, "reject" raises; no redis-py exception,
+    and the URL's password is in no message."""
     from tests.servers.redis import free_port
 
-    url = f"redis://127.0.0.1:{free_port()}/0"
+    url = f"redis://user:s3cr3t@127.0.0.1:{free_port()}/0"
     local = FleetLimiter(RedisFleetLimit(url, key=unique("k"), limit=1, redis_timeout=0.5))
     reject = FleetLimiter(RedisFleetLimit(url, key=unique("k"), limit=1, on_unavailable="reject"))
     try:
-        assert not (await local.acquire(1.0)).fleet
-        with pytest.raises(FleetUnavailable, match="ConnectionError"):
-            await reject.acquire(1.0)
+        with caplog.at_level(logging.WARNING, logger="httpx_bulkhead"):
+            assert not (await local.acquire(1.0)).fleet
+            with pytest.raises(FleetUnavailable, match="ConnectionError") as info:
+                await reject.acquire(1.0)
+        assert "s3cr3t" not in str(info.value) and "s3cr3t" not in caplog.text
+        assert _warnings(caplog, "Redis is unavailable") == 2
     finally:
         await local.aclose()
         await reject.aclose()
