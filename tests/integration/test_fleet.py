@@ -10,6 +10,9 @@ leases are short (0.5-1 s) where expiry or renewal is the subject.
 from __future__ import annotations
 
 import logging
+import math
+import os
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -140,6 +143,55 @@ async def test_a_burst_beyond_the_connection_pool_is_queued_not_failed(
     for lease in leases:
         lease.release()
     await until(lambda: in_redis(shared_redis, limiter) == 0)
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("BULKHEAD_FLEET_SCHEDULES", "2"))))
+async def test_random_schedules_of_acquire_cancel_and_release(
+    shared_redis: RedisServer, limiters: Callable[..., FleetLimiter], seed: int
+) -> None:
+    """3 limiters, limit 4, 60 requests with random budgets (some 0), cancellations at
+    random points and holding times: never more than 4 leases held, every request ends
+    (lease, AcquireTimeout or cancelled), and afterwards nothing is held or queued
+    anywhere, in the limiters or in Redis.  ``BULKHEAD_FLEET_SCHEDULES`` runs more."""
+    rng = random.Random(seed)
+    group = [limiters(shared_redis, 4, poll_interval=0.05) for _ in range(3)]
+    holding = peak = 0
+    outcomes: list[str] = []
+
+    async def one(limiter: FleetLimiter, budget: float, hold: int, cancel_at: float) -> None:
+        nonlocal holding, peak
+        with anyio.move_on_after(cancel_at) as scope:
+            try:
+                lease = await limiter.acquire(budget)
+            except AcquireTimeout:
+                outcomes.append("timeout")
+                return
+            holding += 1
+            peak = max(peak, holding)
+            try:
+                for _ in range(hold):
+                    await anyio.sleep(0)
+            finally:
+                holding -= 1
+                lease.release()
+            outcomes.append("lease")
+        if scope.cancelled_caught:
+            outcomes.append("cancelled")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(60):
+            budget = rng.choice([0, 0.05, 0.5, DEADLINE])
+            cancel_at = rng.choice([math.inf, math.inf, rng.uniform(0, 0.05)])
+            tg.start_soon(one, rng.choice(group), budget, rng.randint(0, 20), cancel_at)
+            if rng.random() < 0.3:
+                await anyio.sleep(0)
+    assert len(outcomes) == 60 and peak <= 4, (outcomes, peak)
+    assert "lease" in outcomes
+    for limiter in group:
+        stats = limiter.statistics()
+        assert (stats.held, stats.held_local, stats.waiting) == (0, 0, 0)
+        assert (stats.fallbacks, stats.outages, stats.lost) == (0, 0, 0)
+    await until(lambda: in_redis(shared_redis, group[0]) == 0)  # no phantom lease
 
 
 async def test_one_round_trip_per_uncontended_acquire(
