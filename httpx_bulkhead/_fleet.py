@@ -523,8 +523,7 @@ class FleetLimiter:
                     call = functools.partial(script, self._keys[:1], (self._keys[3], *batch))
                     await self._call(call, None)
                 except _Unavailable:  # again once Redis answers; expiry is the backstop
-                    self._to_remove[:0] = batch[-_MAX_UNSENT:]
-                    del self._to_remove[_MAX_UNSENT:]
+                    self._to_remove = [*batch, *self._to_remove][-_MAX_UNSENT:]  # the newest
                     return
                 self._wake_up()  # our own head waiter may take it now
         finally:
