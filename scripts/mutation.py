@@ -64,11 +64,11 @@ JUDGEMENTS = ROOT / "tests" / "mutation-judgements.toml"
 #: Module -> the unit tests that hold it (most specific first: ``-x`` stops at the first
 #: failure, so the likely killer runs first).
 TARGETS: dict[str, list[str]] = {
-    "_limiter": ["tests/unit/test_limiter.py"],
+    "_limiter": ["tests/unit/test_limiter.py", "tests/unit/test_limiter_counters.py"],
     "_pool": ["tests/unit/test_pool.py"],
-    "_routing": ["tests/unit/test_routing.py"],
-    "_config": ["tests/unit/test_config.py"],
-    "_stats": ["tests/unit/test_stats.py"],
+    "_routing": ["tests/unit/test_routing.py", "tests/unit/test_routing_wildcards.py"],
+    "_config": ["tests/unit/test_config.py", "tests/unit/test_routing_wildcards.py"],
+    "_stats": ["tests/unit/test_stats.py", "tests/unit/test_stats_format.py"],
     "_h2frames": ["tests/unit/test_h2frames.py"],
     "_codec": ["tests/unit/test_codec.py"],
 }
