@@ -58,6 +58,7 @@ def request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
         lowered = name.lower()
         if lowered not in _GOOD_NAMES:
             _check_name(lowered, request)
+        values.append(value)  # checked even when the header is not sent (as h11 does)
         if lowered in _CONNECTION_HEADERS:
             if lowered == b"host":
                 authority = value
@@ -65,7 +66,6 @@ def request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
         if lowered == b"te" and value.lower() != b"trailers":
             continue
         headers.append((lowered, value))
-        values.append(value)
     if not isinstance(target, bytes):
         raise httpx.LocalProtocolError("the 'target' extension must be bytes", request=request)
     if _BAD_PSEUDO.search(authority) or _BAD_PSEUDO.search(target):
@@ -73,7 +73,7 @@ def request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
             "invalid character in the request target or Host", request=request
         )
     if _BAD_VALUE.search(b"".join(values)):
-        name = next(n for n, v in headers if _BAD_VALUE.search(v))
+        name = next(n.lower() for n, v in request.headers.raw if _BAD_VALUE.search(v))
         raise httpx.LocalProtocolError(
             f"invalid character (CR, LF or NUL) in header {name.decode('ascii')!r}",
             request=request,

@@ -71,7 +71,11 @@ async def test_request_body_must_match_its_content_length(case: str) -> None:
             assert (stats.failed, stats.error, stats.connections_created) == (1, 1, 2)
             assert (stats.running, stats.connections, stats.completed) == (0, 1, 1)
         paths = sorted(request_path(request) for request in srv.requests)  # two connections
-    assert paths == ([b"/next", b"/upload"] if head_written else [b"/next"])
+    # Nothing past the declared length, so never the smuggled request.  A head that was
+    # written may still be lost: the discarded connection is aborted at once, and a reset
+    # can reach the server before it read what was sent (seen in CI under load).
+    allowed = ([b"/next"], [b"/next", b"/upload"]) if head_written else ([b"/next"],)
+    assert paths in allowed
 
 
 # ------------------------------------------------------------- 2. bounded buffers
