@@ -187,7 +187,7 @@ class CompartmentStats:
         lines = [f"{self.name}: {self.running}/{self.limit} running, {self.waiting} waiting{limit}"]
         for group, fields in GROUPS[1:]:
             parts = [
-                _part(label, getattr(self, field), group)
+                _part(label, getattr(self, field))
                 for label, field in fields
                 if getattr(self, field)
             ]
@@ -196,11 +196,11 @@ class CompartmentStats:
         return "\n".join(lines)
 
 
-def _part(label: str, value: object, group: str) -> str:
+def _part(label: str, value: object) -> str:
     label = label.replace("_", " ")
     if isinstance(value, tuple):
         return f"{label} {','.join(map(str, value))}"
-    if group == "wait" and isinstance(value, float):
+    if isinstance(value, float):  # the wait quantiles, the only times
         return f"{label} {value * 1000:.1f} ms"
     return f"{label} {value}"
 

@@ -208,3 +208,20 @@ def test_wildcards_cost_a_lookup_per_label_and_only_when_an_origin_is_new() -> N
     for _ in range(100):
         route(r, "a.b.c.example.com")
     assert CountingDict.lookups == 4 * 3
+
+
+def test_without_wildcard_keys_no_wildcard_table_is_consulted() -> None:
+    """Wildcards cost nothing when none is configured."""
+
+    class CountingDict(dict[Any, Any]):
+        lookups = 0
+
+        def get(self, key: Any, default: Any = None) -> Any:
+            CountingDict.lookups += 1
+            return super().get(key, default)
+
+    r = router({"api.example.com": Policy()})
+    r._wild = CountingDict()
+    assert route(r, "a.b.c.example.com") == "https://a.b.c.example.com:443"
+    assert route(r, "api.example.com") == "api.example.com"
+    assert CountingDict.lookups == 0
