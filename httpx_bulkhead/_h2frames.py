@@ -55,22 +55,15 @@ class FrameSplitter:
                 out += view[pos : pos + take]
                 pos += take
                 self._left -= take
-            elif self._held:  # complete a header (or GOAWAY) started in an earlier read
+            elif self._held or size - pos < _HEADER or view[pos + 3] == _GOAWAY:
+                # Held back: a header cut by the end of a read, or a GOAWAY (its header,
+                # then its payload), until it is whole.
                 need = self._needed()
                 take = min(need, size - pos)
                 self._held += view[pos : pos + take]
                 pos += take
-                if take < need:
-                    break
-                self._release(out, goaways)
-            elif size - pos < _HEADER:
-                self._held += view[pos:]
-                break
-            elif view[pos + 3] == _GOAWAY:
-                self._check_goaway(int.from_bytes(view[pos : pos + 3], "big"))
-                self._held += view[pos : pos + _HEADER]
-                pos += _HEADER
-                self._release(out, goaways)
+                if take == need:
+                    self._release(out, goaways)
             else:
                 end = pos + _HEADER + int.from_bytes(view[pos : pos + 3], "big")
                 stop = min(end, size)
@@ -80,14 +73,12 @@ class FrameSplitter:
         return bytes(out), goaways
 
     def _needed(self) -> int:
+        """Bytes still missing from what is held: the header, or (a GOAWAY's header being
+        whole, its length checked) the rest of its payload."""
         held = self._held
         if len(held) < _HEADER:
             return _HEADER - len(held)
-        if held[3] == _GOAWAY:
-            length = int.from_bytes(held[0:3], "big")
-            self._check_goaway(length)
-            return _HEADER + length - len(held)
-        return 0
+        return _HEADER + int.from_bytes(held[0:3], "big") - len(held)
 
     @staticmethod
     def _check_goaway(length: int) -> None:
@@ -97,11 +88,12 @@ class FrameSplitter:
             raise FrameSizeError(f"GOAWAY frame of {length} bytes is shorter than {_GOAWAY_FIXED}")
 
     def _release(self, out: bytearray, goaways: list[GoAway]) -> None:
-        """``_held`` is a complete header (or a complete GOAWAY frame): act on it."""
+        """What is held is whole (a header, or a GOAWAY's header or whole frame): act on it."""
         held = self._held
         length = int.from_bytes(held[0:3], "big")
         if held[3] == _GOAWAY:
-            self._check_goaway(length)
+            if len(held) == _HEADER:
+                self._check_goaway(length)  # from the header, before any payload is held
             if len(held) < _HEADER + length:
                 return  # keep collecting its payload
             payload = held[_HEADER:]  # at least _GOAWAY_FIXED bytes (``_check_goaway``)
