@@ -41,16 +41,17 @@ from ._exchange import (
     Refused,
     ResponseHead,
     Timeouts,
-    is_disconnect,
+    went_stale,
 )
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
 from ._limiter import Limiter, Waiter, WaiterState
-from ._network import Network, TraceFn
+from ._network import Network
 from ._pool import Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
 from ._stats import CompartmentStats, WaitWindow
 from ._streams import NetStream
 from ._timers import TimerHandle, Timers
+from ._trace import TraceFn
 
 __all__ = ["Compartment", "Outcome", "Protocols"]
 
@@ -150,18 +151,18 @@ class Compartment(ConnectionListener):
             return 0.0
         if limiter.closed:
             raise TransportClosed("the transport is closed", request=request)
-        if not limiter.can_enqueue():
-            limiter.rejected += 1
+        if budget is not None and budget <= 0 and limiter.can_enqueue():
+            self._timed_out(request, "slot")  # (a full queue is refused first, below)
+        event = anyio.Event()
+        waiter = Waiter(event.set)
+        try:
+            limiter.enqueue(waiter)  # counts a refusal
+        except OverflowError:
             raise BulkheadFull(
                 f"compartment {self.name!r} is full: {limiter.running} running, "
                 f"{limiter.waiting} waiting (max_pending={limiter.max_pending})",
                 request=request,
-            )
-        if budget is not None and budget <= 0:
-            self._timed_out(request, "slot")
-        event = anyio.Event()
-        waiter = Waiter(event.set)
-        limiter.enqueue(waiter)
+            ) from None
         started = time.monotonic()
         try:
             with anyio.fail_after(budget):
@@ -582,7 +583,7 @@ def _replayable(request: httpx.Request) -> bool:
 
 
 def _can_retry(exc: BaseException, exchange: Exchange, request: httpx.Request) -> bool:
-    if not (exchange.reused and not exchange.received_any and is_disconnect(exc)):
+    if not went_stale(exc, exchange):
         return False
     if not _replayable(request):
         return False  # a streamed body was (partly) consumed: it cannot be sent again

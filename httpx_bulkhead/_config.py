@@ -155,7 +155,8 @@ class Policy:
         )
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+#: The port of each scheme we speak, when a URL or route key has none.
+DEFAULT_PORTS = {"http": 80, "https": 443}
 #: A host name (or IPv4 address) after IDNA encoding: letters, digits, hyphens, dots, and
 #: the underscores some internal names carry.
 _HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
@@ -189,7 +190,7 @@ def parse_route_key(text: object) -> RouteKey:
     if "://" in rest:
         scheme, rest = rest.split("://", 1)
         scheme = scheme.lower()
-        if scheme not in _DEFAULT_PORTS:
+        if scheme not in DEFAULT_PORTS:
             raise ValueError(f"hosts key {text!r}: scheme must be http or https")
     authority, slash, path = rest.partition("/")
     prefix = "/" + path.rstrip("/") if slash else None
@@ -197,7 +198,7 @@ def parse_route_key(text: object) -> RouteKey:
         prefix = None
     host, port = _split_authority(authority, text)
     if port is None and scheme is not None:
-        port = _DEFAULT_PORTS[scheme]
+        port = DEFAULT_PORTS[scheme]
     return RouteKey(scheme, host, port, prefix)
 
 

@@ -47,7 +47,7 @@ import h11
 import httpx
 
 from ._config import Policy
-from ._stats import CompartmentStats
+from ._stats import CompartmentStats, quantile
 from ._transport import BulkheadTransport
 
 __all__ = [
@@ -118,10 +118,7 @@ class CallRecord:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank quantile (``q`` in [0, 1]); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+    return quantile(sorted(values), q) if values else math.nan
 
 
 async def timed_get(

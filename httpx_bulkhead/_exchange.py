@@ -4,6 +4,7 @@ it, whatever the protocol: the seam between pool logic and HTTP/1.1 or HTTP/2 I/
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import NamedTuple, NoReturn, Protocol, TypeVar
@@ -29,9 +30,19 @@ __all__ = [
     "body_chunks",
     "discard_reason",
     "is_disconnect",
+    "next_connection_id",
     "run_io",
     "run_waiting",
+    "went_stale",
 ]
+
+
+_ids = itertools.count(1)
+
+
+def next_connection_id() -> int:
+    """A process-wide number for a new connection (shown in logs and ExchangeInfo)."""
+    return next(_ids)
 
 
 class ResponseHead(NamedTuple):
@@ -230,9 +241,15 @@ def discard_reason(exc: BaseException, exchange: Exchange) -> Discard:
         exc, httpx.TimeoutException | RequestTimeout | ClosedEarly
     ):
         return Discard.UNKNOWN_STATE  # cut by cancellation, a timeout or an early close
-    if exchange.reused and not exchange.received_any and is_disconnect(exc):
+    if went_stale(exc, exchange):
         return Discard.PEER_CLOSED
     return Discard.ERROR
+
+
+def went_stale(exc: BaseException, exchange: Exchange) -> bool:
+    """The server closed a *reused* connection while it was idle: ``exc`` is a disconnect
+    before any response byte (the request may be sent again on a new connection)."""
+    return exchange.reused and not exchange.received_any and is_disconnect(exc)
 
 
 def is_disconnect(exc: BaseException) -> bool:

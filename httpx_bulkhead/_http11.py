@@ -10,7 +10,6 @@ both sides agreed to keep alive.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
@@ -28,12 +27,19 @@ from ._codec import (
     LocalCodecError,
     make_codec,
 )
-from ._exchange import ResponseHead, Timeouts, body_chunks, discard_reason, run_io
+from ._exchange import (
+    ResponseHead,
+    Timeouts,
+    body_chunks,
+    discard_reason,
+    next_connection_id,
+    run_io,
+)
 from ._pool import Discard, Origin, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer
 
-__all__ = ["HTTP11Connection", "next_connection_id"]
+__all__ = ["HTTP11Connection"]
 
 READ_SIZE = 65536
 #: In-memory request bodies up to this size are written together with the headers.
@@ -42,13 +48,6 @@ SMALL_BODY = 64 * 1024
 MAX_HEAD_SIZE = 64 * 1024
 #: How long to wait for ``100 Continue`` before sending the body anyway (RFC 9110 §10.1.1).
 EXPECT_CONTINUE_WAIT = 1.0
-
-_ids = itertools.count(1)
-
-
-def next_connection_id() -> int:
-    """A process-wide number for a new connection (shown in logs and ExchangeInfo)."""
-    return next(_ids)
 
 
 class HTTP11Connection(PoolEntry):

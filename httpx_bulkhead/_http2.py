@@ -83,12 +83,12 @@ from ._exchange import (
     Timeouts,
     body_chunks,
     discard_reason,
+    next_connection_id,
     run_io,
     run_waiting,
 )
 from ._h2frames import FrameSizeError, FrameSplitter
 from ._h2headers import request_headers, response_head
-from ._http11 import next_connection_id
 from ._pool import Discard, Origin, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer, emit

@@ -13,7 +13,7 @@ from typing import NoReturn
 import httpx
 
 from ._compartment import Compartment, Outcome, Protocols
-from ._config import Policy
+from ._config import DEFAULT_PORTS, Policy
 from ._exceptions import AcquireTimeout, TransportClosed
 from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
@@ -25,7 +25,8 @@ from ._timers import Timers
 
 __all__ = ["BulkheadTransport"]
 
-_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+#: ``DEFAULT_PORTS`` by raw (bytes) scheme, as the URL gives it without decoding.
+_DEFAULT_PORTS = {scheme.encode("ascii"): port for scheme, port in DEFAULT_PORTS.items()}
 _modules = sys.modules
 
 #: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
