@@ -32,7 +32,7 @@ from typing import NoReturn
 import anyio
 import httpx
 
-from ._config import Policy
+from ._config import HTTPVersions, Origin, Policy
 from ._exceptions import AcquireTimeout, BulkheadFull, TransportClosed
 from ._exchange import (
     ClosedEarly,
@@ -47,13 +47,12 @@ from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
 from ._limiter import Limiter, Waiter, WaiterState
 from ._network import Network
-from ._pool import Discard, Grant, Origin, Pool, PoolEntry, PoolWaiter
-from ._stats import CompartmentStats, WaitWindow
-from ._streams import NetStream
+from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
+from ._stats import CompartmentStats, Outcome, WaitWindow
 from ._timers import TimerHandle, Timers
 from ._trace import TraceFn
 
-__all__ = ["Compartment", "Outcome", "Protocols"]
+__all__ = ["Compartment"]
 
 Clock = Callable[[], float]
 
@@ -61,35 +60,6 @@ Clock = Callable[[], float]
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 #: Times a request refused by HTTP/2 (GOAWAY, REFUSED_STREAM) is sent again.
 MAX_REPLAYS = 3
-
-
-class Outcome:
-    """How an exchange that held a slot ended (for the counters)."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class Protocols:
-    """Which HTTP versions the transport speaks (``http1``/``http2`` of the transport)."""
-
-    __slots__ = ("http1", "http1_parser", "http2")
-
-    def __init__(self, http1: bool, http2: bool, http1_parser: str = "h11") -> None:
-        self.http1 = http1
-        self.http2 = http2
-        self.http1_parser = http1_parser
-
-    def may_multiplex(self, origin: Origin) -> bool:
-        """HTTP/2 is possible by ALPN on https, or by prior knowledge on http when HTTP/1.1
-        is off (there is no h2c upgrade, as in httpx's default transport)."""
-        return self.http2 and (origin[0] == "https" or not self.http1)
-
-    def speaks_h2(self, origin: Origin, stream: NetStream) -> bool:
-        if origin[0] == "https":
-            return stream.alpn == "h2"
-        return self.http2 and not self.http1
 
 
 class Compartment(ConnectionListener):
@@ -100,7 +70,7 @@ class Compartment(ConnectionListener):
         name: str,
         policy: Policy,
         connector: Network,
-        protocols: Protocols,
+        versions: HTTPVersions,
         *,
         timers: Timers,
         clock: Clock = time.monotonic,
@@ -109,7 +79,7 @@ class Compartment(ConnectionListener):
         self.name = name
         self.policy = policy
         self._connector = connector
-        self._protocols = protocols
+        self._versions = versions
         self._clock = clock
         self.timers = timers
         self._sweep_at = math.inf  # when the armed sweep fires (our clock); inf: none
@@ -123,13 +93,13 @@ class Compartment(ConnectionListener):
             idle_timeout=policy.idle_timeout,
             max_lifetime=policy.max_lifetime,
             lifetime_jitter=policy.lifetime_jitter,
-            may_multiplex=protocols.may_multiplex,
+            may_multiplex=versions.may_multiplex,
             rng=rng,
         )
         self._connections: set[Connection] = set()  # open, idle or in use
         self._closing: list[PoolEntry] = []  # decided by pool callbacks, closed soon
         self._waits = WaitWindow()
-        self._outcomes = {Outcome.COMPLETED: 0, Outcome.FAILED: 0, Outcome.CANCELLED: 0}
+        self._outcomes = [0, 0, 0]  # by Outcome
         self.acquire_timeouts = 0
         self.stale_retries = 0
         self.replays = 0
@@ -178,7 +148,7 @@ class Compartment(ConnectionListener):
             raise TransportClosed("the transport was closed", request=request)
         return time.monotonic() - started
 
-    def release(self, outcome: str) -> None:
+    def release(self, outcome: Outcome) -> None:
         """Give the slot back (exactly once per successful ``acquire``)."""
         self._outcomes[outcome] += 1
         self.limiter.release()
@@ -265,7 +235,7 @@ class Compartment(ConnectionListener):
             connect_timeout, by_deadline = timeouts.budget(connect_timeout)
         try:
             stream = await self._connector.connect(request, timeout=connect_timeout, trace=trace)
-            if self._protocols.speaks_h2(origin, stream):
+            if self._versions.speaks_h2(origin, stream.alpn):
                 policy = self.policy
                 conn = HTTP2Connection(
                     origin,
@@ -281,7 +251,7 @@ class Compartment(ConnectionListener):
                     await conn.aclose()
                     raise
             else:
-                conn = HTTP11Connection(origin, stream, self._protocols.http1_parser)
+                conn = HTTP11Connection(origin, stream, self._versions.http1_parser)
         except BaseException as exc:
             await self._close_all(self.pool.dial_failed(origin))
             if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
@@ -344,7 +314,7 @@ class Compartment(ConnectionListener):
             await tracer.closed()
 
     def end_abandoned(
-        self, conn: Connection, exchange: Exchange, exc: BaseException, outcome: str
+        self, conn: Connection, exchange: Exchange, exc: BaseException, outcome: Outcome
     ) -> Awaitable[None] | None:
         """End an exchange nobody is awaiting (a response garbage-collected unclosed, or
         held unread past its deadline), on the loop, without awaiting: its slot is given

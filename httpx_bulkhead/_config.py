@@ -10,7 +10,7 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import httpx
 import idna
@@ -18,6 +18,9 @@ import idna
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
+    "DEFAULT_PORTS",
+    "HTTPVersions",
+    "Origin",
     "Policy",
     "RouteKey",
     "canonical_host",
@@ -153,6 +156,33 @@ class Policy:
             max_idle_connections=None if idle is None else min(idle, concurrency),
             idle_timeout=limits.keepalive_expiry,
         )
+
+
+#: A connection's destination: ``(scheme, host, port)``.  Routing picks a compartment by it,
+#: the pool keeps connections by it.
+Origin: TypeAlias = tuple[str, str, int]
+
+
+class HTTPVersions:
+    """Which HTTP versions the transport speaks (its ``http1``, ``http2``, ``http1_parser``)."""
+
+    __slots__ = ("http1", "http1_parser", "http2")
+
+    def __init__(self, http1: bool, http2: bool, http1_parser: str = "h11") -> None:
+        self.http1 = http1
+        self.http2 = http2
+        self.http1_parser = http1_parser
+
+    def may_multiplex(self, origin: Origin) -> bool:
+        """HTTP/2 is possible by ALPN on https, or by prior knowledge on http when HTTP/1.1
+        is off (there is no h2c upgrade, as in httpx's default transport)."""
+        return self.http2 and (origin[0] == "https" or not self.http1)
+
+    def speaks_h2(self, origin: Origin, alpn: str | None) -> bool:
+        """Whether a connection to ``origin`` that negotiated ``alpn`` speaks HTTP/2."""
+        if origin[0] == "https":
+            return alpn == "h2"
+        return self.http2 and not self.http1
 
 
 #: The port of each scheme we speak, when a URL or route key has none.

@@ -23,10 +23,12 @@ from ._codec import (
     PAUSED,
     Codec,
     CodecError,
+    Event,
     Head,
     LocalCodecError,
     make_codec,
 )
+from ._config import Origin
 from ._exchange import (
     ResponseHead,
     Timeouts,
@@ -35,7 +37,7 @@ from ._exchange import (
     next_connection_id,
     run_io,
 )
-from ._pool import Discard, Origin, PoolEntry
+from ._pool import Discard, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer
 
@@ -285,7 +287,7 @@ class HTTP11Connection(PoolEntry):
         except httpx.TransportError:
             return None
 
-    def _next_event(self, request: httpx.Request) -> Any:
+    def _next_event(self, request: httpx.Request) -> Event:
         try:
             event = self._codec.next_event()
         except CodecError as exc:

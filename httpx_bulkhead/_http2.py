@@ -77,6 +77,7 @@ import h2.exceptions
 import h2.settings
 import httpx
 
+from ._config import Origin
 from ._exchange import (
     Refused,
     ResponseHead,
@@ -89,7 +90,7 @@ from ._exchange import (
 )
 from ._h2frames import FrameSizeError, FrameSplitter
 from ._h2headers import request_headers, response_head
-from ._pool import Discard, Origin, PoolEntry
+from ._pool import Discard, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer, emit
 

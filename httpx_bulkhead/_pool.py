@@ -44,18 +44,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeAlias
 
+from ._config import Origin
+
 __all__ = [
     "DIAL",
     "Discard",
     "Grant",
-    "Origin",
     "Pool",
     "PoolEntry",
     "PoolWaiter",
     "keep_alive_deadline",
 ]
-
-Origin: TypeAlias = tuple[str, str, int]
 
 #: Streams assumed for a multiplexed origin before its first SETTINGS frame: effectively
 #: "as many as wait", so a burst coalesces onto the first dial until the peer's cap is known.

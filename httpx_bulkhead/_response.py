@@ -22,8 +22,9 @@ from collections.abc import AsyncIterator, Awaitable
 
 import httpx
 
-from ._compartment import Compartment, Outcome
+from ._compartment import Compartment
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
+from ._stats import CANCELLED, COMPLETED, FAILED
 from ._timers import TimerHandle
 
 __all__ = ["ResponseStream"]
@@ -101,9 +102,7 @@ class ResponseStream(httpx.AsyncByteStream):
             return None
         self._finished = True
         self._error = self._timeouts.expired("while the response was held unread", self._request)
-        return self._compartment.end_abandoned(
-            self._conn, self._exchange, self._error, Outcome.FAILED
-        )
+        return self._compartment.end_abandoned(self._conn, self._exchange, self._error, FAILED)
 
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
@@ -114,7 +113,7 @@ class ResponseStream(httpx.AsyncByteStream):
         compartment, conn, exchange = self._compartment, self._conn, self._exchange
 
         def end() -> Awaitable[None] | None:
-            return compartment.end_abandoned(conn, exchange, ClosedEarly(), Outcome.CANCELLED)
+            return compartment.end_abandoned(conn, exchange, ClosedEarly(), CANCELLED)
 
         try:
             # Warned first: whoever waits for the slot runs only after the hand-off.
@@ -142,11 +141,11 @@ class ResponseStream(httpx.AsyncByteStream):
             await self._compartment.end_exchange(self._conn, self._exchange, exc)
         finally:
             if exc is None:
-                outcome = Outcome.COMPLETED
+                outcome = COMPLETED
             elif isinstance(exc, Exception) and not isinstance(exc, ClosedEarly):
-                outcome = Outcome.FAILED
+                outcome = FAILED
             else:
-                outcome = Outcome.CANCELLED
+                outcome = CANCELLED
             self._compartment.release(outcome)
 
 

@@ -3,14 +3,40 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["EVICTED", "CompartmentStats", "ExchangeInfo", "WaitWindow", "fold_evicted", "quantile"]
+__all__ = [
+    "CANCELLED",
+    "COMPLETED",
+    "EVICTED",
+    "FAILED",
+    "CompartmentStats",
+    "ExchangeInfo",
+    "Outcome",
+    "WaitWindow",
+    "fold_evicted",
+    "quantile",
+]
 
 #: Name of the ``statistics()`` entry that keeps the counters of evicted compartments.
 EVICTED = "(evicted)"
+
+
+class Outcome(enum.IntEnum):
+    """How an exchange that held a slot ended: its counter (``completed``, ``failed``,
+    ``cancelled``).  An ``IntEnum`` so it indexes the counters directly."""
+
+    COMPLETED = 0
+    FAILED = 1
+    CANCELLED = 2
+
+
+# Reaching an Enum member as a class attribute costs about 0.2 µs on Python 3.11: the hot
+# path uses these module-level aliases.
+COMPLETED, FAILED, CANCELLED = Outcome.COMPLETED, Outcome.FAILED, Outcome.CANCELLED
 
 #: Acquire waits remembered for the quantiles (the most recent ones).
 WAIT_WINDOW = 1024

@@ -12,15 +12,16 @@ from typing import NoReturn
 
 import httpx
 
-from ._compartment import Compartment, Outcome, Protocols
-from ._config import DEFAULT_PORTS, Policy
+from ._codec import check_parser
+from ._compartment import Compartment
+from ._config import DEFAULT_PORTS, HTTPVersions, Policy
 from ._exceptions import AcquireTimeout, TransportClosed
 from ._exchange import Timeouts
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._response import ResponseStream
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
-from ._stats import EVICTED, CompartmentStats, ExchangeInfo, fold_evicted
+from ._stats import CANCELLED, EVICTED, FAILED, CompartmentStats, ExchangeInfo, fold_evicted
 from ._timers import Timers
 
 __all__ = ["BulkheadTransport"]
@@ -31,6 +32,7 @@ _modules = sys.modules
 
 #: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
 DEFAULT_HTTP1_PARSER = "h11"
+
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
 #: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
@@ -125,17 +127,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             raise ValueError(f"max_default_compartments must be >= 1, got {bound!r}")
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
-        parser = DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser
-        if parser not in ("h11", "httptools"):
-            raise ValueError(f"http1_parser must be 'h11' or 'httptools', got {parser!r}")
-        if parser == "httptools":
-            try:
-                import httptools  # noqa: F401
-            except ImportError:
-                raise ValueError(
-                    "http1_parser='httptools' needs httptools: pip install 'httpx-bulkhead[fast]'"
-                ) from None
-        self._protocols = Protocols(http1=http1, http2=http2, http1_parser=parser)
+        parser = check_parser(DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser)
+        self._versions = HTTPVersions(http1=http1, http2=http2, http1_parser=parser)
         self._connector: Network = network or Connector(
             ssl_context=context,
             local_address=local_address,
@@ -163,7 +156,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             name,
             policy,
             self._connector,
-            self._protocols,
+            self._versions,
             timers=self._timers,
             clock=self._clock,
             rng=self._rng,
@@ -230,7 +223,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         except BaseException as exc:
             if isinstance(exc, AcquireTimeout):
                 compartment.record_wait(time.monotonic() - started)
-            compartment.release(Outcome.FAILED if isinstance(exc, Exception) else Outcome.CANCELLED)
+            compartment.release(FAILED if isinstance(exc, Exception) else CANCELLED)
             raise
         # From here the response stream owns the slot and the exchange.
         stream = ResponseStream(compartment, conn, exchange, request, timeouts)
