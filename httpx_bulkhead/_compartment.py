@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import NoReturn
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
 
 import anyio
 import httpx
@@ -48,7 +48,9 @@ from ._http11 import HTTP11Connection
 from ._limiter import Limiter, Waiter, WaiterState
 from ._network import Network
 from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
-from ._stats import CompartmentStats, Outcome, WaitWindow
+from ._response import ResponseStream
+from ._stats import CANCELLED, FAILED, CompartmentStats, ExchangeInfo, Outcome, WaitWindow
+from ._streams import NetworkStream
 from ._timers import TimerHandle, Timers
 from ._trace import TraceFn
 
@@ -107,6 +109,58 @@ class Compartment(ConnectionListener):
         self.streams_reset = 0
         self.leaked = 0
 
+    # -- a request's whole life ----------------------------------------------------------
+    async def handle(self, request: httpx.Request, origin: Origin) -> httpx.Response:
+        """Hold a slot, send ``request`` and return its response.  From then on the
+        response stream owns the slot and the exchange (see ``_response.py``).
+
+        Raises:
+            BulkheadFull, AcquireTimeout, TransportClosed, RequestTimeout, and the httpx
+            exceptions of an exchange (``ConnectError``, ``ReadTimeout``, ...).
+        """
+        timeout = request.extensions.get("timeout") or {}
+        started = self._clock()
+        budget = _shorter(timeout.get("pool"), self.policy.acquire_timeout)
+        try:
+            waited = await self.acquire(budget, request)
+        except AcquireTimeout:
+            self._waits.record(self._clock() - started)  # failed waits count too
+            raise
+        try:
+            timeouts = self._timeouts(timeout)
+            conn, exchange, head, retried, conn_wait = await self.send(
+                request,
+                origin,
+                acquire_deadline=None if budget is None else started + budget,
+                timeouts=timeouts,
+                connect_timeout=timeout.get("connect"),
+            )
+        except BaseException as exc:
+            if isinstance(exc, AcquireTimeout):
+                self._waits.record(self._clock() - started)
+            self.release(FAILED if isinstance(exc, Exception) else CANCELLED)
+            raise
+        stream = ResponseStream(self, conn, exchange, request, timeouts)
+        try:  # from here the response stream owns the slot and the exchange
+            info = ExchangeInfo(self.name, waited + conn_wait, exchange.reused, retried, conn.id)
+            self._waits.record(info.queue_wait)
+            return _response(head, stream, info, conn.network_stream)
+        except BaseException as exc:
+            await stream.fail(exc)
+            raise
+
+    def _timeouts(self, timeout: Mapping[str, float | None]) -> Timeouts:
+        """httpx's read/write timeouts and our deadline, which starts with the slot."""
+        request_timeout = self.policy.request_timeout
+        return Timeouts(
+            timeout.get("read"),
+            timeout.get("write"),
+            None if request_timeout is None else self._clock() + request_timeout,
+            self.name,
+            request_timeout,
+            self._clock,
+        )
+
     # -- slots ---------------------------------------------------------------------------
     async def acquire(self, budget: float | None, request: httpx.Request) -> float:
         """Wait for a slot, at most ``budget`` seconds (``None``: no limit); returns the
@@ -133,7 +187,7 @@ class Compartment(ConnectionListener):
                 f"{limiter.waiting} waiting (max_pending={limiter.max_pending})",
                 request=request,
             ) from None
-        started = time.monotonic()
+        started = self._clock()
         try:
             with anyio.fail_after(budget):
                 await event.wait()
@@ -146,15 +200,12 @@ class Compartment(ConnectionListener):
             raise
         if waiter.state is WaiterState.CLOSED:
             raise TransportClosed("the transport was closed", request=request)
-        return time.monotonic() - started
+        return self._clock() - started
 
     def release(self, outcome: Outcome) -> None:
         """Give the slot back (exactly once per successful ``acquire``)."""
         self._outcomes[outcome] += 1
         self.limiter.release()
-
-    def record_wait(self, seconds: float) -> None:
-        self._waits.record(seconds)
 
     def _timed_out(self, request: httpx.Request, what: str) -> NoReturn:
         self.acquire_timeouts += 1
@@ -202,9 +253,9 @@ class Compartment(ConnectionListener):
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
             await self._close_all(to_close)
             if grant is None:
-                started = time.monotonic()
+                started = self._clock()
                 grant = await self._wait_for_connection(request, origin, acquire_deadline)
-                waited += time.monotonic() - started
+                waited += self._clock() - started
             if isinstance(grant, PoolEntry):
                 conn: Connection = grant  # type: ignore[assignment]
                 if grant.active == 1:  # idle until now: check before sending on it
@@ -271,7 +322,7 @@ class Compartment(ConnectionListener):
         event = anyio.Event()
         waiter = PoolWaiter(origin, event.set)
         await self._close_all(self.pool.wait(waiter))
-        budget = None if acquire_deadline is None else acquire_deadline - time.monotonic()
+        budget = None if acquire_deadline is None else acquire_deadline - self._clock()
         try:
             with anyio.fail_after(budget):
                 await event.wait()
@@ -546,6 +597,30 @@ class Compartment(ConnectionListener):
             wait_p99=p99,
             wait_max=worst,
         )
+
+
+def _response(
+    head: ResponseHead, stream: ResponseStream, info: ExchangeInfo, network: NetworkStream
+) -> httpx.Response:
+    extensions: dict[str, Any] = {
+        "http_version": head.http_version,
+        "reason_phrase": head.reason,
+        "bulkhead": info,
+        "network_stream": network,
+    }
+    if head.stream_id is not None:
+        extensions["stream_id"] = head.stream_id
+    return httpx.Response(
+        status_code=head.status, headers=head.headers, stream=stream, extensions=extensions
+    )
+
+
+def _shorter(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
 
 
 def _replayable(request: httpx.Request) -> bool:

@@ -85,11 +85,11 @@ class ClosedEarly(Exception):
 class Timeouts:
     """Per-operation timeouts (httpx's ``read``/``write``) and the total deadline.
 
-    ``deadline`` is a ``time.monotonic()`` instant (``None``: none) set by
-    ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
+    ``deadline`` is an instant of ``clock`` (the compartment's; ``None``: no deadline) set
+    by ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
     """
 
-    __slots__ = ("compartment", "deadline", "read", "request_timeout", "write")
+    __slots__ = ("clock", "compartment", "deadline", "read", "request_timeout", "write")
 
     def __init__(
         self,
@@ -98,7 +98,9 @@ class Timeouts:
         deadline: float | None,
         compartment: str = "",
         request_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self.read = read
         self.write = write
         self.deadline = deadline
@@ -119,7 +121,7 @@ class Timeouts:
         total deadline (rather than the operation's own timeout) is what bounds it."""
         if self.deadline is None:
             return op, False
-        left = self.deadline - time.monotonic()
+        left = self.deadline - self.clock()
         if op is None or left <= op:
             return max(left, 0.0), True
         return op, False

@@ -15,17 +15,19 @@ collector may run in any thread): ``__del__`` only hands the work over.
 from __future__ import annotations
 
 import contextlib
-import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING
 
 import httpx
 
-from ._compartment import Compartment
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
 from ._stats import CANCELLED, COMPLETED, FAILED
 from ._timers import TimerHandle
+
+if TYPE_CHECKING:
+    from ._compartment import Compartment
 
 __all__ = ["ResponseStream"]
 
@@ -53,7 +55,7 @@ class ResponseStream(httpx.AsyncByteStream):
         deadline = timeouts.deadline
         if deadline is not None:
             self._timer = compartment.timers.call_later(
-                deadline - time.monotonic(), _expire_later(self)
+                deadline - timeouts.clock(), _expire_later(self)
             )
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -71,7 +73,7 @@ class ResponseStream(httpx.AsyncByteStream):
         deadline = self._timeouts.deadline
         self._reading = True
         try:
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and self._timeouts.clock() >= deadline:
                 raise self._timeouts.expired("while reading the response body", self._request)
             chunk = await self._exchange.receive_body(self._request, self._timeouts)
         except BaseException as exc:

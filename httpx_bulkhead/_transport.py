@@ -14,14 +14,12 @@ import httpx
 
 from ._codec import check_parser
 from ._compartment import Compartment
-from ._config import DEFAULT_PORTS, HTTPVersions, Policy
-from ._exceptions import AcquireTimeout, TransportClosed
-from ._exchange import Timeouts
+from ._config import DEFAULT_PORTS, HTTPVersions, Origin, Policy
+from ._exceptions import TransportClosed
 from ._network import Connector, Network, SocketOption, set_alpn
-from ._response import ResponseStream
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
-from ._stats import CANCELLED, EVICTED, FAILED, CompartmentStats, ExchangeInfo, fold_evicted
+from ._stats import EVICTED, CompartmentStats, fold_evicted
 from ._timers import Timers
 
 __all__ = ["BulkheadTransport"]
@@ -178,78 +176,12 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         if self._unbound:  # the first request: remember the loop that owns the transport
             self._timers.bind()
             self._unbound = not self._timers.bound
-        url = request.url
-        scheme = url.raw_scheme
-        if scheme not in _DEFAULT_PORTS:
-            raise httpx.UnsupportedProtocol(
-                f"Request URL has an unsupported protocol '{url.scheme}://'.", request=request
-            )
-        if not url.raw_host:
-            raise httpx.UnsupportedProtocol("Request URL is missing a host.", request=request)
-        origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        origin = _origin(request)
         router = self._router
-        compartment = router.route(origin, url.path)
+        compartment = router.route(origin, request.url.path)
         if router.retired:
             await self._retire()
-        policy = compartment.policy
-
-        timeout = request.extensions.get("timeout") or {}
-        started = time.monotonic()
-        budget = _shorter(timeout.get("pool"), policy.acquire_timeout)
-        try:
-            waited = await compartment.acquire(budget, request)
-        except AcquireTimeout:
-            compartment.record_wait(time.monotonic() - started)  # failed waits count too
-            raise
-        try:
-            acquire_deadline = None if budget is None else started + budget
-            deadline = None
-            if policy.request_timeout is not None:
-                deadline = time.monotonic() + policy.request_timeout
-            timeouts = Timeouts(
-                timeout.get("read"),
-                timeout.get("write"),
-                deadline,
-                compartment.name,
-                policy.request_timeout,
-            )
-            conn, exchange, head, retried, conn_wait = await compartment.send(
-                request,
-                origin,
-                acquire_deadline=acquire_deadline,
-                timeouts=timeouts,
-                connect_timeout=timeout.get("connect"),
-            )
-        except BaseException as exc:
-            if isinstance(exc, AcquireTimeout):
-                compartment.record_wait(time.monotonic() - started)
-            compartment.release(FAILED if isinstance(exc, Exception) else CANCELLED)
-            raise
-        # From here the response stream owns the slot and the exchange.
-        stream = ResponseStream(compartment, conn, exchange, request, timeouts)
-        try:
-            queue_wait = waited + conn_wait
-            compartment.record_wait(queue_wait)
-            extensions = {
-                "http_version": head.http_version,
-                "reason_phrase": head.reason,
-                "bulkhead": ExchangeInfo(
-                    compartment=compartment.name,
-                    queue_wait=queue_wait,
-                    reused=exchange.reused,
-                    retried=retried,
-                    connection_id=conn.id,
-                ),
-                "network_stream": conn.network_stream,
-            }
-            if head.stream_id is not None:
-                extensions["stream_id"] = head.stream_id
-            return httpx.Response(
-                status_code=head.status, headers=head.headers, stream=stream, extensions=extensions
-            )
-        except BaseException as exc:
-            await stream.fail(exc)
-            raise
+        return await compartment.handle(request, origin)
 
     async def _retire(self) -> None:
         """Close what the router evicted and keep its counters."""
@@ -315,9 +247,14 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
 
 
-def _shorter(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
+def _origin(request: httpx.Request) -> Origin:
+    """``(scheme, host, port)`` of the request's URL, the scheme's default port filled in."""
+    url = request.url
+    scheme = url.raw_scheme
+    if scheme not in _DEFAULT_PORTS:
+        raise httpx.UnsupportedProtocol(
+            f"Request URL has an unsupported protocol '{url.scheme}://'.", request=request
+        )
+    if not url.raw_host:
+        raise httpx.UnsupportedProtocol("Request URL is missing a host.", request=request)
+    return (url.scheme, url.host, url.port or _DEFAULT_PORTS[scheme])

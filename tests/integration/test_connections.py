@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport, Policy, TransportClosed
+from httpx_bulkhead import BulkheadTransport, Policy, RequestTimeout, TransportClosed
 from tests.conftest import until
 from tests.servers import (
     HypercornServer,
@@ -274,3 +274,19 @@ async def test_unclosed_response_is_reported_and_its_slot_returned(
         stats = transport.statistics()[name]
         assert (stats.running, stats.leaked_responses, stats.cancelled) == (0, 1, 1)
         assert (await client.get(f"{server.url}/")).text == "hello"
+
+
+async def test_one_clock_drives_the_request_deadline_too(server: HypercornServer) -> None:
+    """The clock injected into the transport bounds ``request_timeout`` as it bounds the
+    pool's expiry: a deadline passed on that clock ends the exchange, with no real wait."""
+    clock = FakeClock()
+    transport = BulkheadTransport(default=Policy(request_timeout=30.0), _clock=clock)
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client.stream("GET", f"{server.url}/stream/64") as response:
+            assert response.status_code == 200
+            clock.now += 31.0  # past the deadline on the transport's clock
+            with pytest.raises(RequestTimeout, match="while reading the response body"):
+                await response.aread()
+        assert (await client.get(f"{server.url}/")).text == "hello"
+    stats = transport.statistics()[server.url]
+    assert stats.failed == 1 and stats.completed == 1 and stats.running == 0
