@@ -301,7 +301,7 @@ async def run_calls(schedule: Schedule, client: httpx.AsyncClient, url: str) -> 
 def h2_connections(transport: BulkheadTransport) -> list[HTTP2Connection]:
     conns = []
     for compartment in transport._router.compartments.values():
-        conns += [c for c in compartment._connections if isinstance(c, HTTP2Connection)]
+        conns += [c for c in compartment.connections.open if isinstance(c, HTTP2Connection)]
     return conns
 
 
