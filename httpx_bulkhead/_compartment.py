@@ -26,11 +26,10 @@ from typing import Any
 import httpx
 
 from ._config import HTTPVersions, Origin, Policy
-from ._connections import Connections
+from ._connections import Connections, Lease
 from ._exceptions import AcquireTimeout
 from ._exchange import (
     ClosedEarly,
-    Connection,
     Exchange,
     Refused,
     ResponseHead,
@@ -103,7 +102,7 @@ class Compartment:
         try:
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
-            conn, exchange, head, retried, conn_wait = await self.send(
+            lease, exchange, head, retried, conn_wait = await self.send(
                 request, origin, timeouts, acquire_deadline, timeout.get("connect")
             )
         except BaseException as exc:
@@ -111,8 +110,9 @@ class Compartment:
                 self.slots.waits.record(self._clock() - started)
             self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
             raise
-        stream = ResponseStream(self, conn, exchange, request, timeouts)
+        stream = ResponseStream(self, lease, exchange, request, timeouts)
         try:  # from here the response stream owns the slot and the exchange
+            conn = lease.conn
             info = ExchangeInfo(self.name, waited + conn_wait, exchange.reused, retried, conn.id)
             self.slots.waits.record(info.queue_wait)
             return _response(head, stream, info, conn.network_stream)
@@ -137,19 +137,19 @@ class Compartment:
         self.slots.release(outcome)
 
     async def end_exchange(
-        self, conn: Connection, exchange: Exchange, exc: BaseException | None
+        self, lease: Lease, exchange: Exchange, exc: BaseException | None
     ) -> None:
         """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``."""
-        await self.connections.end_exchange(conn, exchange, exc)
+        await self.connections.end_exchange(lease, exchange, exc)
 
     def end_abandoned(
-        self, conn: Connection, exchange: Exchange, exc: BaseException, outcome: Outcome
+        self, lease: Lease, exchange: Exchange, exc: BaseException, outcome: Outcome
     ) -> Awaitable[None] | None:
         """End an exchange nobody is awaiting (a response garbage-collected unclosed, or
         held unread past its deadline), on the loop, without awaiting: its slot is given
         back now; the returned awaitable finishes closing connections (or sends the HTTP/2
         reset)."""
-        closing = self.connections.end_abandoned(conn, exchange, exc)
+        closing = self.connections.end_abandoned(lease, exchange, exc)
         if isinstance(exc, ClosedEarly):
             self.leaked += 1
         self.slots.release(outcome)
@@ -163,7 +163,7 @@ class Compartment:
         timeouts: Timeouts,
         acquire_by: float | None,
         connect: float | None,
-    ) -> tuple[Connection, Exchange, ResponseHead, bool, float]:
+    ) -> tuple[Lease, Exchange, ResponseHead, bool, float]:
         """Check out a connection and send ``request``; returns the connection, exchange,
         response head, whether it was sent again, and the seconds waited for a connection.
 
@@ -177,25 +177,25 @@ class Compartment:
         replays, waited = 0, 0.0
         while True:
             fresh = retried or elsewhere
-            conn, wait = await checkout(request, origin, acquire_by, connect, timeouts, fresh)
+            lease, wait = await checkout(request, origin, acquire_by, connect, timeouts, fresh)
             waited += wait
-            exchange = conn.start_exchange()
+            exchange = lease.conn.start_exchange(lease.served > 1)
             try:
                 head = await exchange.send_request(request, timeouts, trace)
             except Refused as refused:
-                await self.connections.end_exchange(conn, exchange, None)
+                await self.connections.end_exchange(lease, exchange, None)
                 self._replay(request, exchange, replays)
                 elsewhere = refused.elsewhere
                 replays += 1
                 continue
             except BaseException as exc:
-                await self.connections.end_exchange(conn, exchange, exc)
+                await self.connections.end_exchange(lease, exchange, exc)
                 if retried or not _can_retry(exc, exchange, request):
                     raise
                 retried = True
                 self.stale_retries += 1
                 continue
-            return conn, exchange, head, retried or replays > 0, waited
+            return lease, exchange, head, retried or replays > 0, waited
 
     def _replay(self, request: httpx.Request, exchange: Exchange, replays: int) -> None:
         """Count a replay of a refused request, or raise when it may not be sent again."""

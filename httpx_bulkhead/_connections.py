@@ -20,24 +20,37 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 import anyio
 import httpx
 
 from ._config import HTTPVersions, Origin, Policy
 from ._exceptions import TransportClosed
-from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
+from ._exchange import ClosedEarly, Connection, Exchange, Timeouts, Verdict
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
 from ._network import Network
-from ._pool import Grant, Pool, PoolEntry, PoolWaiter
+from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
 from ._slots import acquire_timeout
 from ._streams import NetStream
 from ._timers import TimerHandle, Timers
 from ._trace import TraceFn
 
-__all__ = ["Connections"]
+__all__ = ["Connections", "Lease"]
+
+#: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
+#: pool's record of it.  A request holds one from checkout to the end of its exchange.
+Lease: TypeAlias = PoolEntry[Connection]
+
+#: The pool's discard reason for each verdict of a connection's protocol.
+DISCARDS = {
+    Verdict.UNKNOWN_STATE: Discard.UNKNOWN_STATE,
+    Verdict.PEER_CLOSED: Discard.PEER_CLOSED,
+    Verdict.BROKEN: Discard.ERROR,
+    Verdict.NOT_REUSABLE: Discard.NOT_REUSABLE,
+    Verdict.PING_TIMEOUT: Discard.PING_TIMEOUT,
+}
 
 
 class Connections(ConnectionListener):
@@ -63,7 +76,7 @@ class Connections(ConnectionListener):
         self._sweep_at = math.inf  # when the armed sweep fires (our clock); inf: none
         self._sweep: TimerHandle | None = None
         self.closed = False  # the compartment was closed or retired: no more connections
-        self.pool = Pool(
+        self.pool: Pool[Connection] = Pool(
             max_connections=policy.connection_limit,
             max_idle=policy.idle_limit,
             idle_timeout=policy.idle_timeout,
@@ -71,9 +84,10 @@ class Connections(ConnectionListener):
             lifetime_jitter=policy.lifetime_jitter,
             may_multiplex=versions.may_multiplex,
             rng=rng,
+            on_drain=_drained,
         )
-        self.open: set[Connection] = set()  # open, idle or in use
-        self._closing: list[PoolEntry] = []  # decided by pool callbacks, closed soon
+        self.open: dict[Connection, Lease] = {}  # open, idle or in use
+        self._closing: list[Lease] = []  # decided by pool callbacks, closed soon
         self.timeouts = 0  # waits for a connection that timed out
         self.goaways = 0
         self.streams_reset = 0
@@ -86,7 +100,7 @@ class Connections(ConnectionListener):
         connect_timeout: float | None,
         timeouts: Timeouts | None = None,
         fresh: bool = False,
-    ) -> tuple[Connection, float]:
+    ) -> tuple[Lease, float]:
         """A connection for ``request``: one with spare capacity (most recently used first),
         a new one, or, when ``max_connections`` is reached, the next one freed (FIFO).  Also
         returns the seconds spent waiting for it (not counting the connect).
@@ -103,19 +117,18 @@ class Connections(ConnectionListener):
                 grant = await self._wait_for_connection(request, origin, acquire_deadline)
                 waited += self._clock() - started
             if isinstance(grant, PoolEntry):
-                conn: Connection = grant  # type: ignore[assignment]
                 if grant.active == 1:  # idle until now: check before sending on it
                     try:
-                        reason = await conn.check_reusable()
+                        verdict = await grant.conn.check_reusable()
                     except BaseException:
                         await self._close_all(
                             self.pool.release(grant, self._clock(), reusable=True)
                         )
                         raise
-                    if reason is not None:
-                        await self._close_all(self.pool.discard(grant, reason))
+                    if verdict is not None:
+                        await self._close_all(self.pool.discard(grant, DISCARDS[verdict]))
                         continue
-                return conn, waited
+                return grant, waited
             return await self._dial(request, origin, connect_timeout, timeouts), waited
 
     async def _dial(
@@ -124,7 +137,7 @@ class Connections(ConnectionListener):
         origin: Origin,
         connect_timeout: float | None,
         timeouts: Timeouts | None,
-    ) -> Connection:
+    ) -> Lease:
         trace: TraceFn | None = request.extensions.get("trace")
         by_deadline = False
         if timeouts is not None:  # the request's deadline bounds the connect too
@@ -137,11 +150,11 @@ class Connections(ConnectionListener):
             if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
                 raise timeouts.expired("while connecting", request) from exc
             raise
-        self.open.add(conn)
+        lease = self.open[conn] = PoolEntry(origin, conn)
         multiplexed = isinstance(conn, HTTP2Connection)
-        await self._close_all(self.pool.dialed(conn, self._clock(), multiplexed=multiplexed))
+        await self._close_all(self.pool.dialed(lease, self._clock(), multiplexed=multiplexed))
         await self._close_pending()
-        return conn
+        return lease
 
     async def _speak(
         self, request: httpx.Request, origin: Origin, stream: NetStream, timeout: float | None
@@ -189,53 +202,51 @@ class Connections(ConnectionListener):
         return waiter.grant
 
     async def end_exchange(
-        self, conn: Connection, exchange: Exchange, exc: BaseException | None
+        self, lease: Lease, exchange: Exchange, exc: BaseException | None
     ) -> None:
         """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``.  The
         connection is pooled, kept (an HTTP/2 stream was reset) or closed."""
         tracer = exchange.tracer
         if tracer is not None:  # "{operation}.failed", "response_closed.started"
             await tracer.closing(exc, early=isinstance(exc, ClosedEarly))
-        entry: PoolEntry = conn  # type: ignore[assignment]
         if exc is None:
             reusable, keep_alive = exchange.completed()
             reusable = reusable and not self.closed
             to_close = self.pool.release(
-                entry, self._clock(), reusable=reusable, keep_alive=keep_alive
+                lease, self._clock(), reusable=reusable, keep_alive=keep_alive
             )
         else:
             with anyio.CancelScope(shield=True):
-                reason = await exchange.abandon(exc)
-            if reason is None:
-                to_close = self.pool.release(entry, self._clock(), reusable=True)
+                verdict = await exchange.abandon(exc)
+            if verdict is None:
+                to_close = self.pool.release(lease, self._clock(), reusable=True)
             else:
-                to_close = self.pool.discard(entry, reason)
+                to_close = self.pool.discard(lease, DISCARDS[verdict])
         await self._close_all(to_close)
         await self._close_pending()
         if tracer is not None:
             await tracer.closed()
 
     def end_abandoned(
-        self, conn: Connection, exchange: Exchange, exc: BaseException
+        self, lease: Lease, exchange: Exchange, exc: BaseException
     ) -> Awaitable[None] | None:
         """End an exchange nobody is awaiting (a response garbage-collected unclosed, or
         held unread past its deadline), on the loop, without awaiting: its slot is given
         back now; the returned awaitable finishes closing connections (or sends the HTTP/2
         reset)."""
-        entry: PoolEntry = conn  # type: ignore[assignment]
-        reason = exchange.cut(exc)
-        if reason is None:
-            to_close = self.pool.release(entry, self._clock(), reusable=True)
+        verdict = exchange.cut(exc)
+        if verdict is None:
+            to_close = self.pool.release(lease, self._clock(), reusable=True)
         else:
-            to_close = self.pool.discard(entry, reason)
+            to_close = self.pool.discard(lease, DISCARDS[verdict])
         closing = self._forget(to_close)
-        if reason is None:  # an HTTP/2 stream was reset: send the frame
-            return self._send_reset(entry, exchange, exc, closing)
+        if verdict is None:  # an HTTP/2 stream was reset: send the frame
+            return self._send_reset(lease, exchange, exc, closing)
         return closing
 
     async def _send_reset(
         self,
-        entry: PoolEntry,
+        lease: Lease,
         exchange: Exchange,
         exc: BaseException,
         closing: Awaitable[None] | None,
@@ -243,35 +254,33 @@ class Connections(ConnectionListener):
         if closing is not None:
             await closing
         with anyio.CancelScope(shield=True):
-            reason = await exchange.abandon(exc)  # sends what ``cut`` queued
-        if reason is not None:  # it could not be sent: the connection broke
-            await self._close_all(self.pool.discard(entry, reason))
+            verdict = await exchange.abandon(exc)  # sends what ``cut`` queued
+        if verdict is not None:  # it could not be sent: the connection broke
+            await self._close_all(self.pool.discard(lease, DISCARDS[verdict]))
 
-    async def _close_all(self, entries: list[PoolEntry]) -> None:
+    async def _close_all(self, leases: list[Lease]) -> None:
         if self.pool.next_due < self._sweep_at:
             self._arm_sweep()
-        if not entries:
+        if not leases:
             return
         with anyio.CancelScope(shield=True):
-            for entry in entries:
-                conn: Connection = entry  # type: ignore[assignment]
-                self.open.discard(conn)
-                await conn.aclose()
+            for lease in leases:
+                self.open.pop(lease.conn, None)
+                await lease.conn.aclose()
 
     async def _close_pending(self) -> None:
         if self._closing:
             closing, self._closing = self._closing, []
             await self._close_all(closing)
 
-    def _forget(self, entries: list[PoolEntry]) -> Awaitable[None] | None:
-        """Start closing ``entries`` without awaiting (from a timer or ``__del__``'s
+    def _forget(self, leases: list[Lease]) -> Awaitable[None] | None:
+        """Start closing ``leases`` without awaiting (from a timer or ``__del__``'s
         hand-off); returns the awaitable that finishes closing them."""
-        if not entries:
+        if not leases:
             return None
-        for entry in entries:
-            conn: Connection = entry  # type: ignore[assignment]
-            conn.abort()
-        return self._close_all(entries)
+        for lease in leases:
+            lease.conn.abort()
+        return self._close_all(leases)
 
     # -- idle expiry with no traffic --------------------------------------------------------
     def _arm_sweep(self) -> None:
@@ -294,14 +303,18 @@ class Connections(ConnectionListener):
 
     # -- HTTP/2 connection events (ConnectionListener) -----------------------------------
     def on_cap(self, conn: HTTP2Connection, cap: int) -> None:
-        self._closing.extend(self.pool.set_cap(conn, cap))
+        lease = self.open.get(conn)
+        if lease is not None:
+            self._closing.extend(self.pool.set_cap(lease, cap))
 
     def on_reset(self, conn: HTTP2Connection) -> None:
         self.streams_reset += 1
 
     def on_goaway(self, conn: HTTP2Connection) -> None:
         self.goaways += 1
-        self._closing.extend(self.pool.drain(conn))
+        lease = self.open.get(conn)
+        if lease is not None:
+            self._closing.extend(self.pool.drain(lease))
 
     def http2(self) -> list[HTTP2Connection]:
         """The open HTTP/2 connections (for statistics)."""
@@ -329,7 +342,7 @@ class Connections(ConnectionListener):
         closing, waiters = self.pool.close()
         for waiter in waiters:
             waiter.wake()
-        closing.extend(self.open)  # type: ignore[arg-type]
+        closing.extend(self.open.values())
         await self._close_all(closing)
 
     def _stop(self) -> None:
@@ -337,3 +350,9 @@ class Connections(ConnectionListener):
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+
+
+def _drained(conn: Connection) -> None:
+    """The pool's ``on_drain``: an HTTP/2 connection opens no new stream from now on."""
+    if isinstance(conn, HTTP2Connection):
+        conn.draining = True

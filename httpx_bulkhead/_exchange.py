@@ -4,6 +4,7 @@ it, whatever the protocol: the seam between pool logic and HTTP/1.1 or HTTP/2 I/
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -13,7 +14,6 @@ import anyio
 import httpx
 
 from ._exceptions import Phase, RequestTimeout, raise_mapped
-from ._pool import Discard
 from ._streams import NetworkStream
 from ._trace import TraceFn, Tracer
 
@@ -27,8 +27,9 @@ __all__ = [
     "Refused",
     "ResponseHead",
     "Timeouts",
+    "Verdict",
     "body_chunks",
-    "discard_reason",
+    "cut_verdict",
     "is_disconnect",
     "next_connection_id",
     "run_io",
@@ -43,6 +44,17 @@ _ids = itertools.count(1)
 def next_connection_id() -> int:
     """A process-wide number for a new connection (shown in logs and ExchangeInfo)."""
     return next(_ids)
+
+
+class Verdict(enum.Enum):
+    """Why a connection may not serve another request, as its protocol sees it (the
+    compartment maps each to a discard reason of the pool)."""
+
+    UNKNOWN_STATE = "unknown_state"  # an exchange was cut mid-way (timeout, cancel, early close)
+    PEER_CLOSED = "peer_closed"  # the server closed it (seen idle, or on reuse)
+    BROKEN = "broken"  # a network or protocol error
+    NOT_REUSABLE = "not_reusable"  # the protocol says close (GOAWAY received: draining)
+    PING_TIMEOUT = "ping_timeout"  # an HTTP/2 health-check PING was not answered
 
 
 class ResponseHead(NamedTuple):
@@ -204,13 +216,13 @@ class Exchange(Protocol):
         """After the body was read: ``(connection reusable, Keep-Alive timeout hint)``."""
         ...
 
-    def cut(self, exc: BaseException) -> Discard | None:
+    def cut(self, exc: BaseException) -> Verdict | None:
         """The exchange was cut by ``exc``: settle its state without I/O (an HTTP/2 reset is
         queued, not sent).  Returns why the connection must be closed, or ``None`` when it
         stays usable (an HTTP/2 stream was reset: its state is known)."""
         ...
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
+    async def abandon(self, exc: BaseException) -> Verdict | None:
         """``cut``, then send what it queued."""
         ...
 
@@ -224,9 +236,11 @@ class Connection(Protocol):
     #: ``response.extensions["network_stream"]``: the connection, for inspection only.
     network_stream: NetworkStream
 
-    def start_exchange(self) -> Exchange: ...
+    def start_exchange(self, reused: bool) -> Exchange:
+        """A new exchange; ``reused``: the connection has served a request before."""
+        ...
 
-    async def check_reusable(self) -> Discard | None:
+    async def check_reusable(self) -> Verdict | None:
         """Before reuse after being idle: ``None`` if fine, else why to close it."""
         ...
 
@@ -237,15 +251,15 @@ class Connection(Protocol):
         ...
 
 
-def discard_reason(exc: BaseException, exchange: Exchange) -> Discard:
+def cut_verdict(exc: BaseException, exchange: Exchange) -> Verdict:
     """Why a connection whose exchange ended with ``exc`` is closed (HTTP/1.1: always)."""
     if not isinstance(exc, Exception) or isinstance(
         exc, httpx.TimeoutException | RequestTimeout | ClosedEarly
     ):
-        return Discard.UNKNOWN_STATE  # cut by cancellation, a timeout or an early close
+        return Verdict.UNKNOWN_STATE  # cut by cancellation, a timeout or an early close
     if went_stale(exc, exchange):
-        return Discard.PEER_CLOSED
-    return Discard.ERROR
+        return Verdict.PEER_CLOSED
+    return Verdict.BROKEN
 
 
 def went_stale(exc: BaseException, exchange: Exchange) -> bool:

@@ -82,15 +82,15 @@ from ._exchange import (
     Refused,
     ResponseHead,
     Timeouts,
+    Verdict,
     body_chunks,
-    discard_reason,
+    cut_verdict,
     next_connection_id,
     run_io,
     run_waiting,
 )
 from ._h2frames import FrameSizeError, FrameSplitter
 from ._h2headers import request_headers, response_head
-from ._pool import Discard, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer, emit
 
@@ -199,7 +199,7 @@ class ConnectionListener:
         del conn
 
 
-class HTTP2Connection(PoolEntry):
+class HTTP2Connection:
     """An HTTP/2 connection in a compartment's pool."""
 
     def __init__(
@@ -212,8 +212,10 @@ class HTTP2Connection(PoolEntry):
         ping_after: float | None,
         ping_timeout: float,
     ) -> None:
-        super().__init__(origin)
+        self.origin = origin
         self.id = next_connection_id()
+        self.cap = 1  # concurrent streams, as last reported (``on_cap``)
+        self.draining = False  # no new stream: GOAWAY, or the pool says so (lifetime)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = _H2Connection(config=config)
         self._net = stream
@@ -258,24 +260,24 @@ class HTTP2Connection(PoolEntry):
         await emit(trace, "http2.send_connection_init.complete", {"return_value": None})
 
     # -- the Connection protocol -----------------------------------------------------------
-    def start_exchange(self) -> H2Stream:
-        return H2Stream(self, reused=self.served > 1)
+    def start_exchange(self, reused: bool) -> H2Stream:
+        return H2Stream(self, reused=reused)
 
-    async def check_reusable(self) -> Discard | None:
+    async def check_reusable(self) -> Verdict | None:
         """Process frames that arrived while idle (GOAWAY, SETTINGS, PING) and, if the
         connection has been silent for ``ping_after``, check it answers a PING."""
         if self._broken is not None:
-            return Discard.ERROR
+            return Verdict.BROKEN
         if not self._reading and self._net.is_readable():
             await self._read_once(IDLE_READ_BOUND)
         if self._broken is not None:
-            return Discard.PEER_CLOSED
+            return Verdict.PEER_CLOSED
         if self.draining:
-            return Discard.NOT_REUSABLE
+            return Verdict.NOT_REUSABLE
         silent = time.monotonic() - self.last_frame_at
         due = self._ping_after is not None and silent >= self._ping_after
         if (due or self._ping_payload is not None) and not await self._ping():
-            return Discard.PING_TIMEOUT
+            return Verdict.PING_TIMEOUT
         return None
 
     async def aclose(self) -> None:
@@ -471,7 +473,7 @@ class HTTP2Connection(PoolEntry):
                 else DEFAULT_PEER_STREAMS
             )
             ours = MAX_STREAMS if self._max_streams is None else self._max_streams
-            cap = min(peer, ours, MAX_STREAMS)
+            cap = self.cap = min(peer, ours, MAX_STREAMS)
             self._cover_streams(cap)
             self._listener.on_cap(self, cap)
         if codes.INITIAL_WINDOW_SIZE in changed:
@@ -876,13 +878,13 @@ class H2Stream(_Sleeper):
     def completed(self) -> tuple[bool, float | None]:
         return not self.conn.broken, None
 
-    def cut(self, exc: BaseException) -> Discard | None:
+    def cut(self, exc: BaseException) -> Verdict | None:
         """Reset the stream (RFC 9113 §5.4.2; the frame is queued); the connection stays,
         unless it is broken."""
         conn = self.conn
         if conn.broken:
-            reason = discard_reason(exc, self)
-            return Discard.ERROR if reason is Discard.UNKNOWN_STATE else reason
+            verdict = cut_verdict(exc, self)
+            return Verdict.BROKEN if verdict is Verdict.UNKNOWN_STATE else verdict
         if self.stream_id and not self.ended:
             self.ended = True
             for event in self.events:  # return unread data's window
@@ -893,11 +895,11 @@ class H2Stream(_Sleeper):
                 conn.reset(self)
         return None
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
+    async def abandon(self, exc: BaseException) -> Verdict | None:
         reason = self.cut(exc)
         if reason is None and self.conn.pending_output():
             try:
                 await self.conn.flush(_INTERNAL, _NO_TIMEOUTS)
             except httpx.TransportError:
-                return Discard.ERROR
+                return Verdict.BROKEN
         return reason

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
+from ._exchange import ClosedEarly, Exchange, Timeouts
 from ._stats import CANCELLED, COMPLETED, FAILED
 from ._timers import TimerHandle
 
 if TYPE_CHECKING:
     from ._compartment import Compartment
+    from ._connections import Lease
 
 __all__ = ["ResponseStream"]
 
@@ -38,13 +39,13 @@ class ResponseStream(httpx.AsyncByteStream):
     def __init__(
         self,
         compartment: Compartment,
-        conn: Connection,
+        lease: Lease,
         exchange: Exchange,
         request: httpx.Request,
         timeouts: Timeouts,
     ) -> None:
         self._compartment = compartment
-        self._conn = conn
+        self._lease = lease
         self._exchange = exchange
         self._request = request
         self._timeouts = timeouts
@@ -104,7 +105,7 @@ class ResponseStream(httpx.AsyncByteStream):
             return None
         self._finished = True
         self._error = self._timeouts.expired("while the response was held unread", self._request)
-        return self._compartment.end_abandoned(self._conn, self._exchange, self._error, FAILED)
+        return self._compartment.end_abandoned(self._lease, self._exchange, self._error, FAILED)
 
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
@@ -112,10 +113,10 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished:
             return
         self._finished = True
-        compartment, conn, exchange = self._compartment, self._conn, self._exchange
+        compartment, lease, exchange = self._compartment, self._lease, self._exchange
 
         def end() -> Awaitable[None] | None:
-            return compartment.end_abandoned(conn, exchange, ClosedEarly(), CANCELLED)
+            return compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
 
         try:
             # Warned first: whoever waits for the slot runs only after the hand-off.
@@ -140,7 +141,7 @@ class ResponseStream(httpx.AsyncByteStream):
             self._timer.cancel()
             self._timer = None
         try:
-            await self._compartment.end_exchange(self._conn, self._exchange, exc)
+            await self._compartment.end_exchange(self._lease, self._exchange, exc)
         finally:
             if exc is None:
                 outcome = COMPLETED

@@ -14,7 +14,7 @@ A = ("http", "a", 80)
 B = ("http", "b", 80)
 
 
-def make_pool(**kw: object) -> Pool:
+def make_pool(**kw: object) -> Pool[None]:
     options: dict[str, object] = {
         "max_connections": 4,
         "max_idle": 4,
@@ -27,11 +27,11 @@ def make_pool(**kw: object) -> Pool:
 
 
 def dial(
-    pool: Pool, origin: tuple[str, str, int], now: float, *, multiplexed: bool = False
-) -> PoolEntry:
+    pool: Pool[None], origin: tuple[str, str, int], now: float, *, multiplexed: bool = False
+) -> PoolEntry[None]:
     grant, closing = pool.checkout(origin, now)
     assert grant is DIAL and closing == []
-    entry = PoolEntry(origin)
+    entry = PoolEntry(origin, None)
     pool.dialed(entry, now, multiplexed=multiplexed)
     return entry
 
@@ -158,7 +158,7 @@ def test_http2_burst_coalesces_onto_one_dial_then_scales_out_by_cap() -> None:
         assert pool.checkout(A, 0)[0] is None
         pool.wait(w)
     assert pool.total == 1 and pool.waiting == 7
-    conn = PoolEntry(A)
+    conn = PoolEntry(A, None)
     pool.dialed(conn, 0, multiplexed=True)  # one stream until the peer's SETTINGS
     assert woken == [] and conn.active == 1
     pool.set_cap(conn, 3)  # SETTINGS: 3 streams; 5 still wait, so two more dials
@@ -166,7 +166,7 @@ def test_http2_burst_coalesces_onto_one_dial_then_scales_out_by_cap() -> None:
     assert [w.grant for w in woken[2:]] == [DIAL, DIAL]
     assert pool.total == 3 and pool.scale_outs == 2 and pool.waiting == 3
     # Those two dials are expected to carry the remaining three (3 streams each).
-    second = PoolEntry(A)
+    second = PoolEntry(A, None)
     pool.dialed(second, 1, multiplexed=True)
     pool.set_cap(second, 3)
     assert [w.grant for w in woken[4:]] == [second, second] and pool.waiting == 1
@@ -216,7 +216,7 @@ def test_first_connection_turning_out_http11_releases_coalesced_waiters() -> Non
     for w in ws:
         assert pool.checkout(A, 0)[0] is None
         pool.wait(w)
-    pool.dialed(PoolEntry(A), 0, multiplexed=False)  # ALPN chose http/1.1
+    pool.dialed(PoolEntry(A, None), 0, multiplexed=False)  # ALPN chose http/1.1
     assert [w.grant for w in woken] == [DIAL, DIAL] and pool.total == 3
 
 
@@ -264,14 +264,14 @@ class PoolMachine(RuleBasedStateMachine):
             may_multiplex=lambda origin: origin == B,
         )
         self.now = 0.0
-        self.requests: list[PoolEntry] = []  # the connection each request in flight holds
+        self.requests: list[PoolEntry[None]] = []  # the connection each request in flight holds
         self.dials: list[tuple[str, str, int]] = []
         self.waiters: list[PoolWaiter] = []
         self.woken: list[PoolWaiter] = []
-        self.entries: list[PoolEntry] = []
+        self.entries: list[PoolEntry[None]] = []
         self.closed: set[int] = set()  # ids of entries the pool told us to close
 
-    def _closing(self, entries: list[PoolEntry]) -> None:
+    def _closing(self, entries: list[PoolEntry[None]]) -> None:
         for entry in entries:
             assert not entry.in_pool
             self.closed.add(id(entry))
@@ -308,7 +308,7 @@ class PoolMachine(RuleBasedStateMachine):
     def finish_dial(self, ok: bool, index: int) -> None:
         origin = self.dials.pop(index % len(self.dials))
         if ok:
-            entry = PoolEntry(origin)
+            entry = PoolEntry(origin, None)
             self.entries.append(entry)
             self.requests.append(entry)
             self._closing(self.pool.dialed(entry, self.now, multiplexed=origin == B))
