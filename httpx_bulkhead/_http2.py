@@ -123,7 +123,6 @@ IDLE_READ_BOUND = 0.1
 _INTERNAL = httpx.Request("GET", "http://internal.invalid/")
 _NO_TIMEOUTS = Timeouts(None, None, None)
 
-_ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 
 
@@ -394,58 +393,72 @@ class HTTP2Connection:
             self._goaway(goaway.last_stream_id)
 
     def _dispatch(self, event: h2.events.Event) -> None:
-        if isinstance(event, _ACTIVE):
-            stream = self._streams.get(event.stream_id)
-            if stream is None:  # a stream we reset: give the connection window back
-                if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
-                    self.ack(event.flow_controlled_length, event.stream_id)
+        """Hand ``event`` to its handler (``_HANDLERS``); events we do not act on (e.g.
+        trailers, our own SETTINGS acknowledged) are dropped."""
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_stream_event(
+        self, event: h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
+    ) -> None:
+        """A response head, body data or the end of a response: queued for its stream."""
+        stream = self._streams.get(event.stream_id)
+        if stream is None:  # a stream we reset: give the connection window back
+            if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
+                self.ack(event.flow_controlled_length, event.stream_id)
+            return
+        if isinstance(event, h2.events.ResponseReceived):
+            if not self._response_received(stream, event):
                 return
-            if isinstance(event, h2.events.ResponseReceived):
-                if not self._response_received(stream, event):
-                    return
-            elif isinstance(event, h2.events.StreamEnded):
-                stream.remote_ended = True
-                if stream.sent_end:  # closed on both sides
-                    self.forget(stream)
-                else:  # the response is complete before the request: stop sending (§8.1)
-                    self._close_stream(stream)
-                    self._listener.on_reset(self)
-            stream.events.append(event)
-            self._wake(stream)
-        elif isinstance(event, h2.events.WindowUpdated):
-            if event.stream_id:
-                waiter = self._streams.get(event.stream_id)
-                if waiter is not None and waiter in self._window_waiters:
-                    self._wake(waiter)
-            else:
-                for waiter in list(self._window_waiters):
-                    self._wake(waiter)
-        elif isinstance(event, h2.events.StreamReset):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
+        elif isinstance(event, h2.events.StreamEnded):
+            stream.remote_ended = True
+            if stream.sent_end:  # closed on both sides
                 self.forget(stream)
-                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
-                if refused and stream.head is None:
-                    stream.refused = True  # not processed (RFC 9113 §8.7): replayable
-                else:
-                    stream.received_any = True  # answered, with a reset: not a stale connection
-                    stream.error = f"stream reset by the server (error code {event.error_code})"
-                self._wake(stream)
-        elif isinstance(event, _BodyLengthMismatch):
-            self._stream_error(event.stream_id, event.message)
-        elif isinstance(event, h2.events.InformationalResponseReceived):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
-                stream.received_any = True  # 1xx: the response is still to come (§8.1)
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
-            self._settings_changed(event)
-        elif isinstance(event, h2.events.PingAckReceived):
-            if self._ping_payload is not None and event.ping_data == self._ping_payload:
-                self._ping_payload = None  # only our own 8 bytes answer it (§6.7)
-                for pong in list(self._pong_waiters):
-                    self._wake(pong)
-        elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
-            self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
+            else:  # the response is complete before the request: stop sending (§8.1)
+                self._close_stream(stream)
+                self._listener.on_reset(self)
+        stream.events.append(event)
+        self._wake(stream)
+
+    def _on_window_updated(self, event: h2.events.WindowUpdated) -> None:
+        if event.stream_id:
+            waiter = self._streams.get(event.stream_id)
+            if waiter is not None and waiter in self._window_waiters:
+                self._wake(waiter)
+        else:
+            for waiter in list(self._window_waiters):
+                self._wake(waiter)
+
+    def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        self.forget(stream)
+        refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+        if refused and stream.head is None:
+            stream.refused = True  # not processed (RFC 9113 §8.7): replayable
+        else:
+            stream.received_any = True  # answered, with a reset: not a stale connection
+            stream.error = f"stream reset by the server (error code {event.error_code})"
+        self._wake(stream)
+
+    def _on_length_mismatch(self, event: _BodyLengthMismatch) -> None:
+        self._stream_error(event.stream_id, event.message)
+
+    def _on_informational(self, event: h2.events.InformationalResponseReceived) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is not None:
+            stream.received_any = True  # 1xx: the response is still to come (§8.1)
+
+    def _on_ping_ack(self, event: h2.events.PingAckReceived) -> None:
+        if self._ping_payload is not None and event.ping_data == self._ping_payload:
+            self._ping_payload = None  # only our own 8 bytes answer it (§6.7)
+            for pong in list(self._pong_waiters):
+                self._wake(pong)
+
+    def _on_terminated(self, event: h2.events.ConnectionTerminated) -> None:  # pragma: no cover
+        self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
 
     def _response_received(self, stream: H2Stream, event: h2.events.ResponseReceived) -> bool:
         """Keep the response head; False if it is malformed (the stream was failed)."""
@@ -673,6 +686,22 @@ class HTTP2Connection:
         if self._ping_payload is not None:  # nobody answered in time
             self._break(httpx.ReadTimeout, "PING not answered in time")
         return self._ping_payload is None and self._broken is None
+
+
+#: Which method of ``HTTP2Connection`` handles each h2 event (by exact type: h2's event
+#: classes do not subclass one another).
+_HANDLERS: dict[type[h2.events.Event], Callable[[HTTP2Connection, Any], None]] = {
+    h2.events.ResponseReceived: HTTP2Connection._on_stream_event,
+    h2.events.DataReceived: HTTP2Connection._on_stream_event,
+    h2.events.StreamEnded: HTTP2Connection._on_stream_event,
+    h2.events.WindowUpdated: HTTP2Connection._on_window_updated,
+    h2.events.StreamReset: HTTP2Connection._on_stream_reset,
+    _BodyLengthMismatch: HTTP2Connection._on_length_mismatch,
+    h2.events.InformationalResponseReceived: HTTP2Connection._on_informational,
+    h2.events.RemoteSettingsChanged: HTTP2Connection._settings_changed,
+    h2.events.PingAckReceived: HTTP2Connection._on_ping_ack,
+    h2.events.ConnectionTerminated: HTTP2Connection._on_terminated,
+}
 
 
 class H2Stream(_Sleeper):

@@ -108,21 +108,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         _clock: Callable[[], float] = time.monotonic,
         _rng: random.Random | None = None,
     ) -> None:
-        if default is not None and limits is not None:
-            raise TypeError("give either default= or limits=, not both")
-        if default is None:
-            default = Policy() if limits is None else Policy.from_limits(limits)
-        elif not isinstance(default, Policy):
-            raise TypeError(f"default must be a Policy, got {type(default).__name__}")
-        if not (http1 or http2):
-            raise ValueError("http1 and http2 are both False: no HTTP version left to speak")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        bound = max_default_compartments
-        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
-            raise TypeError(f"max_default_compartments must be an int or None, got {bound!r}")
-        if bound is not None and bound < 1:
-            raise ValueError(f"max_default_compartments must be >= 1, got {bound!r}")
+        default = _default_policy(default, limits)
+        _check(http1, http2, retries, max_default_compartments)
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
         parser = check_parser(DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser)
@@ -143,7 +130,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             hosts or {},
             default,
             self._compartment,
-            max_default=bound,
+            max_default=max_default_compartments,
             at_rest=Compartment.at_rest,
             uses=lambda compartment: compartment.uses,
         )
@@ -245,6 +232,27 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
 
     def close(self) -> NoReturn:
         raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
+
+
+def _default_policy(default: Policy | None, limits: httpx.Limits | None) -> Policy:
+    if default is not None and limits is not None:
+        raise TypeError("give either default= or limits=, not both")
+    if default is None:
+        return Policy() if limits is None else Policy.from_limits(limits)
+    if not isinstance(default, Policy):
+        raise TypeError(f"default must be a Policy, got {type(default).__name__}")
+    return default
+
+
+def _check(http1: bool, http2: bool, retries: int, bound: int | None) -> None:
+    if not (http1 or http2):
+        raise ValueError("http1 and http2 are both False: no HTTP version left to speak")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+        raise TypeError(f"max_default_compartments must be an int or None, got {bound!r}")
+    if bound is not None and bound < 1:
+        raise ValueError(f"max_default_compartments must be >= 1, got {bound!r}")
 
 
 def _origin(request: httpx.Request) -> Origin:
