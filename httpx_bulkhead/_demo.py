@@ -241,15 +241,7 @@ async def run_once(
             _paint(view, title, transport, slow, fast, result, config.refresh)
         )
         try:
-            try:
-                await asyncio.wait_for(
-                    slow.until_in_flight(expected_slow_in_flight), SATURATION_TIMEOUT
-                )
-            except asyncio.TimeoutError:
-                view.note(
-                    f"(the slow host did not reach {expected_slow_in_flight} requests in"
-                    f" flight within {SATURATION_TIMEOUT:g} s; going on)"
-                )
+            await _saturated(slow, expected_slow_in_flight, view)
             await steady_calls(
                 client,
                 lambda _: fast.url,
@@ -264,6 +256,17 @@ async def run_once(
             view.draw(_live_lines(title, transport, slow, fast, result), final=True)
             await cancel_all(workers)
     return result
+
+
+async def _saturated(slow: DemoServer, expected: int, view: LiveView) -> None:
+    """Wait until the slow host has ``expected`` requests in flight (or say it did not)."""
+    try:
+        await asyncio.wait_for(slow.until_in_flight(expected), SATURATION_TIMEOUT)
+    except asyncio.TimeoutError:
+        view.note(
+            f"(the slow host did not reach {expected} requests in"
+            f" flight within {SATURATION_TIMEOUT:g} s; going on)"
+        )
 
 
 async def _paint(
@@ -495,6 +498,13 @@ async def run_demo(
     finally:
         await slow.aclose()
         await fast.aclose()
+    return _report(default_run, bulkhead_run, config, out)
+
+
+def _report(
+    default_run: RunResult, bulkhead_run: RunResult, config: DemoConfig, out: TextIO
+) -> int:
+    """The summary and the verdict; returns the exit status."""
     out.write("\n" + render_summary([default_run, bulkhead_run]) + "\n\n")
     out.write(slow_host_note(default_run, bulkhead_run, config))
     reason = verdict(bulkhead_run, config)
