@@ -3,6 +3,11 @@
     python -m benchmarks.report            # the full run, about 3-5 minutes
     python -m benchmarks.report --quick    # about a minute
     python benchmarks/report.py --suites overhead,isolation
+    python -m benchmarks.report --suites isolation,recovery --repeat 5
+
+A run of some suites keeps the other suites' figures of the ``results.json`` it replaces
+(each section says which run it comes from).  Isolation and recovery run ``--repeat``
+times (3 by default): their tables give the median of the runs and the range (min-max).
 
 Suites (all against httpx's default ``AsyncHTTPTransport`` in the same run, on a Node.js
 server on 127.0.0.1; see ``harness.py`` for how things are measured):
@@ -29,6 +34,9 @@ recovery   the slow host hangs (every response held ``hang`` s) until ``incident
 profile    cProfile of each transport (transport level, HTTP/1.1 and HTTP/2): exclusive
            CPU by package, and the hottest functions of BulkheadTransport's at concurrency 64.
 
+Every CPU table says how many samples each cell rests on (rounds x requests per round, per
+contestant); the isolation and recovery tables say how many runs and calls.
+
 Writes ``benchmarks/results.json`` (every sample), ``benchmarks/results.md`` (the tables),
 and, if matplotlib is installed, ``benchmarks/isolation.png`` and ``benchmarks/recovery.png``.
 """
@@ -41,6 +49,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -238,6 +247,7 @@ async def profile(server: h.NodeServer, h2server: h.NodeServer, plan: Plan) -> l
                     "concurrency": concurrency,
                     "shares": shares,
                     "cpu_us_profiled": sample.cpu_us,
+                    "requests": sample.requests,
                     "top": top,
                 }
             )
@@ -328,7 +338,24 @@ def _isolation_transports() -> dict[str, Callable[[], httpx.AsyncBaseTransport]]
     }
 
 
-async def isolation(server: h.NodeServer, plan: Plan) -> dict[str, Any]:
+async def isolation(server: h.NodeServer, plan: Plan, repeat: int = 1) -> dict[str, Any]:
+    """The isolation runs ``repeat`` times over (``repeats``: one list of runs each)."""
+    repeats = []
+    for n in range(repeat):
+        log(f"isolation: run {n + 1} of {repeat}")
+        repeats.append(await _isolation_once(server, plan))
+    return {
+        "slow_ms": SLOW_MS,
+        "slow_workers": SLOW_WORKERS,
+        "budget": ISOLATION_BUDGET,
+        "pool_timeout": POOL_TIMEOUT,
+        "interval": 0.05,
+        "duration": plan.isolation_seconds,
+        "repeats": repeats,
+    }
+
+
+async def _isolation_once(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
     fast_url = server.url(0)
     slow = server.url(1, f"/slow?ms={SLOW_MS}")
     runs: list[h.LoadRun] = []
@@ -358,27 +385,36 @@ async def isolation(server: h.NodeServer, plan: Plan) -> dict[str, Any]:
                 pool_timeout=POOL_TIMEOUT,
             )
         )
+    return [
+        {
+            "label": run.label,
+            "saturated_after": run.saturated_after,
+            "fast": run.fast_summary(),
+            "slow": h.host_summary(run.of("slow")),
+            "records": h.records_json(run.records),
+        }
+        for run in runs
+    ]
+
+
+async def recovery(server: h.NodeServer, plan: Plan, repeat: int = 1) -> dict[str, Any]:
+    """The recovery runs ``repeat`` times over (``repeats``: one list of runs each)."""
+    repeats = []
+    for n in range(repeat):
+        log(f"recovery: run {n + 1} of {repeat}")
+        repeats.append(await _recovery_once(server, plan))
     return {
-        "slow_ms": SLOW_MS,
-        "slow_workers": SLOW_WORKERS,
-        "budget": ISOLATION_BUDGET,
+        "incident": plan.recovery_incident,
+        "hang": plan.recovery_hang,
+        "duration": plan.recovery_seconds,
+        "request_timeout": REQUEST_TIMEOUT,
         "pool_timeout": POOL_TIMEOUT,
         "interval": 0.05,
-        "duration": plan.isolation_seconds,
-        "runs": [
-            {
-                "label": run.label,
-                "saturated_after": run.saturated_after,
-                "fast": run.fast_summary(),
-                "slow": h.host_summary(run.of("slow")),
-                "records": h.records_json(run.records),
-            }
-            for run in runs
-        ],
+        "repeats": repeats,
     }
 
 
-async def recovery(server: h.NodeServer, plan: Plan) -> dict[str, Any]:
+async def _recovery_once(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
     fast_url = server.url(0)
     slow_port = server.ports[1]
     hang = f"/slow?ms={int(plan.recovery_hang * 1000)}"
@@ -386,15 +422,7 @@ async def recovery(server: h.NodeServer, plan: Plan) -> dict[str, Any]:
     def slow_url(t: float) -> str:
         return server.url(1, hang if t < plan.recovery_incident else "/")
 
-    out: dict[str, Any] = {
-        "incident": plan.recovery_incident,
-        "hang": plan.recovery_hang,
-        "duration": plan.recovery_seconds,
-        "request_timeout": REQUEST_TIMEOUT,
-        "pool_timeout": POOL_TIMEOUT,
-        "interval": 0.05,
-        "runs": [],
-    }
+    runs: list[dict[str, Any]] = []
     for request_timeout in (None, REQUEST_TIMEOUT):
         label = f"request_timeout={request_timeout}"
         log(f"recovery: {label}")
@@ -418,7 +446,7 @@ async def recovery(server: h.NodeServer, plan: Plan) -> dict[str, Any]:
             for r in slow_records
             if r.ok and r.sent_at >= plan.recovery_incident
         ]
-        out["runs"].append(
+        runs.append(
             {
                 "label": label,
                 "fast": run.fast_summary(),
@@ -436,7 +464,7 @@ async def recovery(server: h.NodeServer, plan: Plan) -> dict[str, Any]:
                 "records": h.records_json(run.records),
             }
         )
-    return out
+    return runs
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -477,6 +505,21 @@ def _paired(row: dict[str, Any], a: str, b: str, *, spread: bool = False) -> str
     return _ratio(ratio[0], ratio[1:] if spread else None)
 
 
+def _counts(row: dict[str, Any], name: str) -> str:
+    """The samples a cell of ``name`` rests on: ``rounds x requests per round`` (a range
+    when a batch was cut short by its time bound)."""
+    batches = [s["requests"] for s in row.get("samples", {}).get(name, [])]
+    if not batches:
+        return "-"
+    low, high = min(batches), max(batches)
+    per_round = f"{low:,}" if low == high else f"{low:,}-{high:,}"
+    return f"{len(batches)} x {per_round}"
+
+
+def _all_counts(row: dict[str, Any], names: Sequence[str]) -> str:
+    return " / ".join(_counts(row, n) for n in names)
+
+
 def _conns(row: dict[str, Any], names: Sequence[str], key: str = "connections") -> str:
     seen = row.get("server", {})
     return " / ".join(str(seen[n][key]) if n in seen else "-" for n in names)
@@ -487,9 +530,11 @@ def overhead_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| level | conc. | httpx default µs/req | bulkhead µs/req | bulkhead / default"
         " (range) | bulkhead+httptools µs/req | +httptools / default (range) | +httptools /"
-        " bulkhead (range) | h11 floor µs/req | bulkhead / floor | +httptools / floor |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " bulkhead (range) | h11 floor µs/req | bulkhead / floor | +httptools / floor |"
+        " samples: rounds x requests, default / bulkhead / +httptools / floor |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    names = (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS, h.FLOOR)
     for row in rows:
         s = row["summary"]
         d, b, t, f = (s.get(n) for n in (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS, h.FLOOR))
@@ -498,9 +543,8 @@ def overhead_table(rows: list[dict[str, Any]]) -> str:
             f"| {row['level']} | {row['concurrency']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)}"
             f" | {_cpu(t)} | {_vs_default(t)} | {codec}"
             f" | {_cpu(f)} | {_paired(row, h.BULKHEAD, h.FLOOR)}"
-            f" | {_paired(row, h.HTTPTOOLS, h.FLOOR)} |"
+            f" | {_paired(row, h.HTTPTOOLS, h.FLOOR)} | {_all_counts(row, names)} |"
         )
-    names = (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS, h.FLOOR)
     lines += [
         "",
         "| level | conc. | default req/s | bulkhead req/s | +httptools req/s | floor req/s |"
@@ -520,8 +564,9 @@ def http2_table(rows: list[dict[str, Any]]) -> str:
         "| level | conc. | httpx default h2 µs/req | bulkhead h2 µs/req | bulkhead / default"
         " (range) | bulkhead HTTP/1.1 µs/req (same rounds) | bulkhead h2 / HTTP/1.1 |"
         " default req/s | bulkhead req/s | TCP connections opened, default / bulkhead |"
-        " most streams at once on one connection, default / bulkhead |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " most streams at once on one connection, default / bulkhead |"
+        " samples: rounds x requests, default h2 / bulkhead h2 / bulkhead HTTP/1.1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         s = row["summary"]
@@ -529,7 +574,8 @@ def http2_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['level']} | {row['concurrency']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)}"
             f" | {_cpu(one)} | {_paired(row, h.H2_BULKHEAD, h.BULKHEAD)} | {_rps(d)} | {_rps(b)}"
-            f" | {_conns(row, names)} | {_conns(row, names, 'max_streams')} |"
+            f" | {_conns(row, names)} | {_conns(row, names, 'max_streams')}"
+            f" | {_all_counts(row, (*names, h.BULKHEAD))} |"
         )
     return "\n".join(lines)
 
@@ -538,12 +584,14 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| case (concurrency 10) | httpx default µs/req | bulkhead µs/req | bulkhead / default"
         " (range) | bulkhead+httptools µs/req | +httptools / default (range) | default req/s"
-        " | bulkhead req/s | +httptools req/s | pooled conns, default / bulkhead / +httptools |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | bulkhead req/s | +httptools req/s | pooled conns, default / bulkhead / +httptools |"
+        " samples: rounds x requests, default / bulkhead / +httptools |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    names = (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS)
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['case']} | error: {row['error']} | | | | | | | | |")
+            lines.append(f"| {row['case']} | error: {row['error']} | | | | | | | | | |")
             continue
         s = row["summary"]
         d, b, t = (s.get(n) for n in (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS))
@@ -551,7 +599,8 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
         conns = " / ".join(str(pooled.get(n, "-")) for n in (h.DEFAULT, h.BULKHEAD, h.HTTPTOOLS))
         lines.append(
             f"| {row['case']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)} | {_cpu(t)}"
-            f" | {_vs_default(t)} | {_rps(d)} | {_rps(b)} | {_rps(t)} | {conns} |"
+            f" | {_vs_default(t)} | {_rps(d)} | {_rps(b)} | {_rps(t)} | {conns}"
+            f" | {_all_counts(row, names)} |"
         )
     return "\n".join(lines)
 
@@ -560,46 +609,111 @@ def _failures(failures: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])) or "-"
 
 
+def _repeats(data: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The runs of each repetition (a results.json from before ``--repeat``: one)."""
+    return data["repeats"] if "repeats" in data else [data["runs"]]
+
+
+def _by_label(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each label's run in every repetition, in the order of the first."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for runs in _repeats(data):
+        for run in runs:
+            out.setdefault(run["label"], []).append(run)
+    return out
+
+
+def _spread(values: Sequence[float | None], digits: int = 0, unit: str = "") -> str:
+    """The median of the repetitions and, with more than one, their range (min-max)."""
+    known = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not known:
+        return "-"
+    text = f"{_f(statistics.median(known), digits)}{unit}"
+    if len(values) > 1:
+        text += f" ({_f(known[0], digits)}-{_f(known[-1], digits)}{unit})"
+        if len(known) < len(values):
+            text += f" [{len(values) - len(known)} without a value]"
+    return text
+
+
+def _failures_spread(summaries: Sequence[dict[str, Any]]) -> str:
+    kinds = sorted(
+        {k for s in summaries for k in s["failures"]},
+        key=lambda k: -sum(s["failures"].get(k, 0) for s in summaries),
+    )
+    return (
+        ", ".join(f"{k} {_spread([s['failures'].get(k, 0) for s in summaries])}" for k in kinds)
+        or "-"
+    )
+
+
+def _repeat_note(data: dict[str, Any], what: str) -> str:
+    n = len(_repeats(data))
+    if n == 1:
+        return f"One run; {what}."
+    return (
+        f"{n} runs; each cell is the median of the runs and, in brackets, their range"
+        f" (min-max); {what}."
+    )
+
+
 def isolation_table(data: dict[str, Any]) -> str:
     lines = [
-        "| fast host, called every 50 ms | success | p50 ms | p99 ms | max ms | failures |",
-        "|---|---:|---:|---:|---:|---|",
+        _repeat_note(data, "samples: runs x fast-host calls per run"),
+        "",
+        "| fast host, called every 50 ms | samples | success % | p50 ms | p99 ms | max ms"
+        " | failures |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for run in data["runs"]:
-        f = run["fast"]
+    for label, runs in _by_label(data).items():
+        fast = [run["fast"] for run in runs]
+        calls = sorted({f["calls"] for f in fast})
+        per_run = f"{calls[0]}" if len(calls) == 1 else f"{calls[0]}-{calls[-1]}"
         lines.append(
-            f"| {run['label']} | {f['ok']}/{f['calls']} ({100 * f['success_rate']:.1f}%)"
-            f" | {_f(f['p50_ms'], 1)} | {_f(f['p99_ms'], 1)} | {_f(f['max_ms'], 1)}"
-            f" | {_failures(f['failures'])} |"
+            f"| {label} | {len(runs)} x {per_run}"
+            f" | {_spread([100 * f['success_rate'] for f in fast], 1)}"
+            f" | {_spread([f['p50_ms'] for f in fast], 1)}"
+            f" | {_spread([f['p99_ms'] for f in fast], 1)}"
+            f" | {_spread([f['max_ms'] for f in fast], 1)}"
+            f" | {_failures_spread(fast)} |"
         )
     return "\n".join(lines)
 
 
 def recovery_table(data: dict[str, Any]) -> str:
     lines = [
-        "| slow compartment | slow ok / calls sent after the incident | first slow success"
+        _repeat_note(data, "samples: runs x slow-host calls sent after the incident"),
+        "",
+        "| slow compartment | samples | slow ok after the incident | first slow success"
         " after the incident | slow failures | fast success |",
-        "|---|---:|---:|---|---:|",
+        "|---|---:|---:|---:|---|---:|",
     ]
-    for run in data["runs"]:
-        first = run["first_success_after_incident"]
-        fast = run["fast"]
+    by_label = _by_label(data)
+    for label, runs in by_label.items():
+        sent = sorted({run["slow_calls_after_incident"] for run in runs})
+        per_run = f"{sent[0]}" if len(sent) == 1 else f"{sent[0]}-{sent[-1]}"
         lines.append(
-            f"| {run['label']} | {run['slow_ok_after_incident']}/"
-            f"{run['slow_calls_after_incident']} | {_f(first, 2)} s"
-            f" | {_failures(run['slow']['failures'])}"
-            f" | {fast['ok']}/{fast['calls']} |"
+            f"| {label} | {len(runs)} x {per_run}"
+            f" | {_spread([run['slow_ok_after_incident'] for run in runs])}"
+            f" | {_spread([run['first_success_after_incident'] for run in runs], 2, ' s')}"
+            f" | {_failures_spread([run['slow'] for run in runs])}"
+            f" | {_spread([run['fast']['ok'] for run in runs])}"
+            f"/{_spread([run['fast']['calls'] for run in runs])} |"
         )
     lines.append("")
-    lines.append("Slow-host successes per 0.5 s (by completion time):")
+    lines.append("Slow-host successes per 0.5 s (by completion time), one line per run:")
     lines.append("")
-    for run in data["runs"]:
-        counts = " ".join(f"{b['ok']:>2}" for b in run["timeline"])
-        lines.append(f"    {run['label']:<22} {counts}")
+    for label, runs in by_label.items():
+        for number, run in enumerate(runs, 1):
+            counts = " ".join(f"{b['ok']:>2}" for b in run["timeline"])
+            tag = f"{label} #{number}" if len(runs) > 1 else label
+            lines.append(f"    {tag:<25} {counts}")
     return "\n".join(lines)
 
 
-def profile_table(rows: list[dict[str, Any]]) -> str:
+def profile_table(
+    rows: list[dict[str, Any]], requests_of: Callable[[dict[str, Any]], int | None]
+) -> str:
     packages: list[str] = []
     for row in rows:
         packages += [p for p in row["shares"] if p not in packages]
@@ -608,6 +722,8 @@ def profile_table(rows: list[dict[str, Any]]) -> str:
     for package in packages:
         cells = " | ".join(f"{100 * r['shares'].get(package, 0.0):.0f}%" for r in rows)
         lines.append(f"| {package} | {cells} |")
+    cells = " | ".join(_f(r.get("requests", requests_of(r))) for r in rows)
+    lines.append(f"| *samples: requests profiled (one run)* | {cells} |")
     return "\n".join(lines)
 
 
@@ -632,6 +748,38 @@ def _load(results: dict[str, Any]) -> str:
     if not start or not end:
         return ""
     return f" Load average (1 min) at start / end: {start[0]:.2f} / {end[0]:.2f}."
+
+
+def _run_info(meta: dict[str, Any]) -> str:
+    load = meta.get("loadavg_start"), meta.get("loadavg_end")
+    text = f"git {meta.get('git_head')}, plan {meta.get('plan_name')}"
+    if meta.get("date"):
+        text += f", {meta['date']}"
+    if load[0] and load[1]:
+        text += f", load average (1 min) at start / end {load[0][0]:.2f} / {load[1][0]:.2f}"
+    return text
+
+
+def _earlier(results: dict[str, Any], suite: str) -> list[str]:
+    """A line saying which run a suite's figures come from, if not this one."""
+    meta = results.get("suite_runs", {}).get(suite)
+    if meta is None or meta.get("run_id") == results.get("run_id"):
+        return []
+    return [f"*From an earlier run ({_run_info(meta)}), kept when other suites were rerun.*", ""]
+
+
+def _requests_profiled(plan: dict[str, Any]) -> Callable[[dict[str, Any]], int | None]:
+    """For a results.json from before profile rows recorded their requests: the plan's."""
+
+    def of(row: dict[str, Any]) -> int | None:
+        if "batch_c1" not in plan:
+            return None
+        requests = int(plan["batch_c1"])
+        if row["contestant"] == h.DEFAULT:
+            requests //= 2 if row["concurrency"] == 1 else 8
+        return requests
+
+    return of
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -659,6 +807,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     if "overhead" in results:
         parts += ["", "## Overhead (HTTP/1.1 keep-alive, one origin)", ""]
+        parts += _earlier(results, "overhead")
         parts.append(overhead_table(results["overhead"]))
     if "http2" in results:
         rows = results["http2"]
@@ -672,10 +821,12 @@ def markdown(results: dict[str, Any]) -> str:
             " `BulkheadTransport(http1=False, http2=True)` (max_concurrency = concurrency);"
             " BulkheadTransport over HTTP/1.1 (h11) ran in the same rounds for reference.",
             "",
+            *_earlier(results, "http2"),
             http2_table(rows),
         ]
     if "scaling" in results:
-        parts += ["", "## Scaling (transport level)", "", scaling_table(results["scaling"])]
+        parts += ["", "## Scaling (transport level)", "", *_earlier(results, "scaling")]
+        parts.append(scaling_table(results["scaling"]))
     if "isolation" in results:
         d = results["isolation"]
         parts += [
@@ -683,6 +834,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"## Isolation (slow host {d['slow_ms']} ms per response, {d['slow_workers']}"
             f" workers; {d['budget']} connections in all; pool timeout {d['pool_timeout']} s)",
             "",
+            *_earlier(results, "isolation"),
             isolation_table(d),
         ]
     if "recovery" in results:
@@ -693,6 +845,7 @@ def markdown(results: dict[str, Any]) -> str:
             f" then answers at once; a slow call every 50 ms; 5 slots;"
             f" request_timeout {d['request_timeout']} s)",
             "",
+            *_earlier(results, "recovery"),
             recovery_table(d),
         ]
     if "profile" in results:
@@ -700,9 +853,13 @@ def markdown(results: dict[str, Any]) -> str:
         h1 = [r for r in rows if r["contestant"] not in h.H2_CONTESTANTS]
         h2 = [r for r in rows if r["contestant"] in h.H2_CONTESTANTS]
         parts += ["", "## Where the CPU goes (transport level, cProfile: shares, not timings)"]
+        earlier = _earlier(results, "profile")
+        if earlier:
+            parts += ["", *earlier[:-1]]
+        requests_of = _requests_profiled(results.get("plan", {}))
         for title, group in (("HTTP/1.1", h1), ("HTTP/2", h2)):
             if group:
-                parts += ["", f"{title}:", "", profile_table(group)]
+                parts += ["", f"{title}:", "", profile_table(group, requests_of)]
         spots = [
             r
             for r in rows
@@ -743,7 +900,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
             "under load, httpx-default": "#d62728",
             "under load, bulkhead": "#1f77b4",
         }
-        for run in data["runs"]:
+        for run in _repeats(data)[0]:
             color = colors.get(run["label"])
             if color is None:
                 continue
@@ -779,7 +936,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
     if "recovery" in results:
         data = results["recovery"]
         fig, ax = plt.subplots(figsize=(10, 4))
-        for run, color in zip(data["runs"], ["#d62728", "#1f77b4"], strict=False):
+        for run, color in zip(_repeats(data)[0], ["#d62728", "#1f77b4"], strict=False):
             t = [b["t"] for b in run["timeline"]]
             ax.step(t, [b["ok"] for b in run["timeline"]], where="post", color=color,
                     label=f"{run['label']}: slow-host successes")  # fmt: skip
@@ -798,7 +955,11 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
 # -- main ---------------------------------------------------------------------------------------
 async def run(
-    suites: Sequence[str], plan: Plan, server: h.NodeServer, h2server: h.NodeServer
+    suites: Sequence[str],
+    plan: Plan,
+    server: h.NodeServer,
+    h2server: h.NodeServer,
+    repeat: int = 3,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for suite in suites:
@@ -810,13 +971,37 @@ async def run(
         elif suite == "scaling":
             results[suite] = await scaling(server, plan)
         elif suite == "isolation":
-            results[suite] = await isolation(server, plan)
+            results[suite] = await isolation(server, plan, repeat)
         elif suite == "recovery":
-            results[suite] = await recovery(server, plan)
+            results[suite] = await recovery(server, plan, repeat)
         elif suite == "profile":
             results[suite] = await profile(server, h2server, plan)
         log(f"  {suite}: {time.perf_counter() - started:.0f} s")
     return results
+
+
+def _keep_other_suites(results: dict[str, Any], previous: dict[str, Any]) -> None:
+    """Copy into ``results`` the suites it lacks from ``previous``, with the run each came
+    from (a results.json from before ``suite_runs``: its own header)."""
+    for suite in SUITES:
+        if suite in results or suite not in previous:
+            continue
+        results[suite] = previous[suite]
+        meta = previous.get("suite_runs", {}).get(suite)
+        if meta is None:
+            meta = {
+                "run_id": previous.get("run_id", "earlier"),
+                "git_head": previous.get("library", {}).get("git_head"),
+                "plan_name": previous.get("plan_name"),
+                "date": previous.get("date"),
+                "loadavg_start": previous.get("loadavg_start"),
+                "loadavg_end": previous.get("loadavg_end"),
+            }
+        results["suite_runs"][suite] = meta
+        if suite == "profile":  # rows from before they recorded their requests: the plan's
+            requests_of = _requests_profiled(previous.get("plan", {}))
+            for row in results[suite]:
+                row.setdefault("requests", requests_of(row))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -830,6 +1015,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--suites", default=",".join(SUITES), help=f"comma-separated subset of {','.join(SUITES)}"
     )
     parser.add_argument("--out", type=Path, default=OUT, help="directory for the outputs")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="how many times isolation and recovery run (their tables give the median and"
+        " the range); default 3",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="do not keep the other suites' figures of the results.json in --out",
+    )
     parser.add_argument(
         "--render",
         type=Path,
@@ -847,6 +1044,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = set(suites) - set(SUITES)
     if unknown:
         parser.error(f"unknown suites: {', '.join(sorted(unknown))}")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     plan = Plan.quick() if args.quick else Plan.full()
     started = time.perf_counter()
     h2ports = len(h.H2_CONTESTANTS)
@@ -861,12 +1060,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": h.python_flags(),
             "pinned": pinned and server.pinned and h2server.pinned,
             "plan_name": "quick" if args.quick else "full",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "run_id": f"{time.time():.6f}",
             "loadavg_start": list(os.getloadavg()),
             "plan": dataclasses.asdict(plan),
+            "repeat": args.repeat,
         }
-        results.update(asyncio.run(run(suites, plan, server, h2server)))
+        results.update(asyncio.run(run(suites, plan, server, h2server, args.repeat)))
     results["seconds"] = time.perf_counter() - started
     results["loadavg_end"] = list(os.getloadavg())
+    this_run = {
+        "run_id": results["run_id"],
+        "git_head": results["library"].get("git_head"),
+        "plan_name": results["plan_name"],
+        "date": results["date"],
+        "loadavg_start": results["loadavg_start"],
+        "loadavg_end": results["loadavg_end"],
+    }
+    results["suite_runs"] = {suite: this_run for suite in suites}
+    previous = args.out / "results.json"
+    if not args.fresh and previous.exists():
+        _keep_other_suites(results, json.loads(previous.read_text()))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)

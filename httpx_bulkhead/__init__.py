@@ -13,7 +13,7 @@ dependency stays slow inside its own wall::
     transport.statistics()  # {compartment name: CompartmentStats}
 """
 
-from ._config import Policy
+from ._config import Group, Policy
 from ._exceptions import (
     AcquireTimeout,
     BulkheadError,
@@ -31,6 +31,7 @@ __all__ = [
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",
+    "Group",
     "Policy",
     "RequestTimeout",
     "TransportClosed",

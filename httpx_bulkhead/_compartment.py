@@ -30,6 +30,7 @@ from ._connections import Connections, Lease
 from ._exceptions import AcquireTimeout
 from ._exchange import (
     ClosedEarly,
+    Connection,
     Exchange,
     Refused,
     ResponseHead,
@@ -40,7 +41,6 @@ from ._network import Network
 from ._response import ResponseStream
 from ._slots import Slots
 from ._stats import CANCELLED, FAILED, CompartmentStats, ExchangeInfo, Outcome, compartment_stats
-from ._streams import NetworkStream
 from ._timers import Timers
 from ._trace import TraceFn
 
@@ -112,10 +112,9 @@ class Compartment:
             raise
         stream = ResponseStream(self, lease, exchange, request, timeouts)
         try:  # from here the response stream owns the slot and the exchange
-            conn = lease.conn
-            info = ExchangeInfo(self.name, waited + conn_wait, exchange.reused, retried, conn.id)
-            self.slots.waits.record(info.queue_wait)
-            return _response(head, stream, info, conn.network_stream)
+            queue_wait = waited + conn_wait
+            self.slots.waits.record(queue_wait)
+            return _response(head, stream, self.name, queue_wait, exchange, retried, lease.conn)
         except BaseException as exc:
             await stream.fail(exc)
             raise
@@ -243,13 +242,26 @@ class Compartment:
 
 
 def _response(
-    head: ResponseHead, stream: ResponseStream, info: ExchangeInfo, network: NetworkStream
+    head: ResponseHead,
+    stream: ResponseStream,
+    compartment: str,
+    queue_wait: float,
+    exchange: Exchange,
+    retried: bool,
+    conn: Connection,
 ) -> httpx.Response:
+    info = ExchangeInfo(
+        compartment=compartment,
+        queue_wait=queue_wait,
+        reused=exchange.reused,
+        retried=retried,
+        connection_id=conn.id,
+    )
     extensions: dict[str, Any] = {
         "http_version": head.http_version,
         "reason_phrase": head.reason,
         "bulkhead": info,
-        "network_stream": network,
+        "network_stream": conn.network_stream,
     }
     if head.stream_id is not None:
         extensions["stream_id"] = head.stream_id

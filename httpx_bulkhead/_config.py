@@ -1,4 +1,5 @@
-"""Policy (one compartment's numbers) and route keys (which requests share a compartment).
+"""Policy (one compartment's numbers), route keys (which requests share a compartment) and
+groups (one compartment for several route keys).
 
 Both are immutable and validated on construction: a bad value raises ``TypeError`` or
 ``ValueError`` naming the field, so a typo fails at start-up rather than under load.
@@ -19,6 +20,7 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_PORTS",
+    "Group",
     "HTTPVersions",
     "Origin",
     "Policy",
@@ -192,26 +194,37 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 _HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
 
 
+#: Characters a path prefix may not hold: it is compared with the request's path before any
+#: query or fragment, as a plain prefix (no globbing).
+_PATH_FORBIDDEN = re.compile(r"[?#*\s]")
+
+
 class RouteKey(NamedTuple):
     """A parsed route key: ``host``, ``host:port``, ``scheme://host[:port]``, each with an
-    optional path prefix. ``scheme``/``port`` of ``None`` match any."""
+    optional path prefix. ``scheme``/``port`` of ``None`` match any.  With ``wildcard``,
+    ``host`` is a suffix: the key matches every host below it (``*.example.com``: any
+    ``<labels>.example.com``, not ``example.com`` itself)."""
 
     scheme: str | None
     host: str
     port: int | None
     path: str | None
+    wildcard: bool = False
 
 
 def parse_route_key(text: object) -> RouteKey:
     """Parse a route key string.
 
     ``"api.example.com"`` (any scheme and port), ``"api.example.com:8443"``,
-    ``"https://api.example.com"`` (port 443 implied), ``"[::1]:8080"``, each optionally
-    followed by a path prefix such as ``"/v1/generate"``.
+    ``"https://api.example.com"`` (port 443 implied), ``"[::1]:8080"``,
+    ``"*.example.com"`` (every host below ``example.com``), each optionally followed by a
+    path prefix such as ``"/v1/generate"``.
 
     Raises:
         TypeError: ``text`` is not a string.
-        ValueError: it cannot be parsed; the message names the key.
+        ValueError: it cannot be parsed, or has a shape routing does not understand
+            (a query, a fragment, a glob, a wildcard anywhere but as the first label);
+            the message names the key.
     """
     if not isinstance(text, str):
         raise TypeError(f"hosts keys must be strings, got {type(text).__name__}")
@@ -223,13 +236,70 @@ def parse_route_key(text: object) -> RouteKey:
         if scheme not in DEFAULT_PORTS:
             raise ValueError(f"hosts key {text!r}: scheme must be http or https")
     authority, slash, path = rest.partition("/")
-    prefix = "/" + path.rstrip("/") if slash else None
-    if prefix == "/":
-        prefix = None
+    prefix = _path_prefix(path, text) if slash else None
+    wildcard = authority.startswith("*.")
+    if wildcard:
+        authority = authority[2:]
+    elif "*" in authority:
+        hint = (
+            "for every origin not listed, use BulkheadTransport(default=...)"
+            if authority.split(":")[0] == "*"
+            else "a wildcard is allowed only as the whole first label, as in '*.example.com'"
+        )
+        raise ValueError(f"hosts key {text!r}: {hint}")
     host, port = _split_authority(authority, text)
+    if wildcard and (":" in host or host.replace(".", "").isdigit()):
+        raise ValueError(f"hosts key {text!r}: a wildcard cannot stand for part of an IP address")
     if port is None and scheme is not None:
         port = DEFAULT_PORTS[scheme]
-    return RouteKey(scheme, host, port, prefix)
+    return RouteKey(scheme, host, port, prefix, wildcard)
+
+
+def _path_prefix(path: str, text: str) -> str | None:
+    bad = _PATH_FORBIDDEN.search(path)
+    if bad is not None:
+        what = {"?": "a query", "#": "a fragment", "*": "a glob"}.get(bad.group(), "white space")
+        raise ValueError(
+            f"hosts key {text!r}: a path prefix cannot hold {what} ({bad.group()!r});"
+            " keys match the path by prefix, so '/v1' covers '/v1/anything'"
+        )
+    prefix = "/" + path.rstrip("/")
+    return None if prefix == "/" else prefix
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Group:
+    """Several route keys that share one compartment (one limit, one queue, one pool per
+    origin inside it), named by its key in ``hosts``::
+
+        hosts={"payments": Group("api.stripe.com", "*.adyen.com", policy=Policy(...))}
+
+    Args:
+        *routes: route keys, in any shape a ``hosts`` key may take (at least one).
+        policy: the compartment's numbers (default ``Policy()``).
+
+    Raises:
+        TypeError, ValueError: a route or the policy is invalid (the message names it).
+    """
+
+    routes: tuple[str, ...]
+    policy: Policy
+
+    def __init__(self, *routes: str, policy: Policy | None = None) -> None:
+        if not routes:
+            raise ValueError("Group needs at least one route key")
+        if policy is None:
+            policy = Policy()
+        elif not isinstance(policy, Policy):
+            raise TypeError(f"Group.policy must be a Policy, got {type(policy).__name__}")
+        for route in routes:
+            parse_route_key(route)  # fail at construction, naming the key
+        object.__setattr__(self, "routes", routes)
+        object.__setattr__(self, "policy", policy)
+
+    def __repr__(self) -> str:
+        routes = ", ".join(repr(route) for route in self.routes)
+        return f"Group({routes}, policy={self.policy!r})"
 
 
 def _split_authority(authority: str, text: str) -> tuple[str, int | None]:
@@ -256,6 +326,8 @@ def _split_authority(authority: str, text: str) -> tuple[str, int | None]:
             ipaddress.IPv6Address(host)
         except ValueError:
             raise ValueError(f"hosts key {text!r}: invalid IPv6 address") from None
+    elif authority.startswith("["):  # brackets hold IPv6 literals only (RFC 3986 §3.2.2)
+        raise ValueError(f"hosts key {text!r}: only an IPv6 address goes in brackets")
     elif not _HOSTNAME.fullmatch(host):
         raise ValueError(f"hosts key {text!r}: invalid host")
     if port_text is None:

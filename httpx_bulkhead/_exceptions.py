@@ -6,7 +6,8 @@ The tree, as a caller sees it (two classes have two parents, so they appear twic
      ├── BulkheadError                a rule of the bulkhead stopped the request
      │    ├── BulkheadFull            the wait queue (max_pending) is full: rejected at once
      │    ├── TransportClosed         the transport was closed (before or while waiting)
-     │    ├── AcquireTimeout          no slot or connection within the acquire timeout
+     │    ├── AcquireTimeout          no slot, connection or fleet lease within the acquire timeout
+     │    ├── FleetUnavailable        the Redis of a fleet limit is unavailable ("reject")
      │    └── RequestTimeout          request_timeout passed: the exchange was abandoned
      └── httpx.TimeoutException
           ├── httpx.PoolTimeout
@@ -38,6 +39,7 @@ __all__ = [
     "AcquireTimeout",
     "BulkheadError",
     "BulkheadFull",
+    "FleetUnavailable",
     "RequestTimeout",
     "TransportClosed",
     "raise_mapped",
@@ -59,6 +61,12 @@ class TransportClosed(BulkheadError):
 
 class AcquireTimeout(httpx.PoolTimeout, BulkheadError):
     """No slot and usable connection within ``Policy.acquire_timeout`` (or httpx's pool timeout)."""
+
+
+class FleetUnavailable(BulkheadError):
+    """The Redis server of a fleet-wide limit (``RedisFleetLimit``) did not answer, and its
+    ``on_unavailable`` is ``"reject"``: the request was refused without waiting further.
+    Not a timeout: Redis being down is not the dependency being busy."""
 
 
 class RequestTimeout(httpx.TimeoutException, BulkheadError):

@@ -15,13 +15,16 @@ __all__ = ["FrameSizeError", "FrameSplitter", "GoAway"]
 
 _GOAWAY = 0x7
 _HEADER = 9
+#: A GOAWAY's fixed fields: last stream id and error code (RFC 9113 §6.8).
+_GOAWAY_FIXED = 8
 #: SETTINGS_MAX_FRAME_SIZE we advertise (the protocol default, which we do not change).
 MAX_FRAME_SIZE = 16_384
 
 
 class FrameSizeError(Exception):
-    """A GOAWAY longer than our SETTINGS_MAX_FRAME_SIZE (RFC 9113 §4.2): a connection error.
-    Raised before its payload is buffered, so memory stays bounded."""
+    """A GOAWAY longer than our SETTINGS_MAX_FRAME_SIZE, or shorter than its 8 bytes of
+    fixed fields (RFC 9113 §4.2, §6.8): a connection error.  Raised from the frame header,
+    before any payload is buffered, so memory stays bounded."""
 
 
 class GoAway(NamedTuple):
@@ -90,6 +93,8 @@ class FrameSplitter:
     def _check_goaway(length: int) -> None:
         if length > MAX_FRAME_SIZE:
             raise FrameSizeError(f"GOAWAY frame of {length} bytes exceeds {MAX_FRAME_SIZE}")
+        if length < _GOAWAY_FIXED:
+            raise FrameSizeError(f"GOAWAY frame of {length} bytes is shorter than {_GOAWAY_FIXED}")
 
     def _release(self, out: bytearray, goaways: list[GoAway]) -> None:
         """``_held`` is a complete header (or a complete GOAWAY frame): act on it."""
@@ -99,10 +104,9 @@ class FrameSplitter:
             self._check_goaway(length)
             if len(held) < _HEADER + length:
                 return  # keep collecting its payload
-            payload = held[_HEADER:]
-            if len(payload) >= 8:
-                last = int.from_bytes(payload[0:4], "big") & 0x7FFF_FFFF
-                goaways.append(GoAway(last, int.from_bytes(payload[4:8], "big")))
+            payload = held[_HEADER:]  # at least _GOAWAY_FIXED bytes (``_check_goaway``)
+            last = int.from_bytes(payload[0:4], "big") & 0x7FFF_FFFF
+            goaways.append(GoAway(last, int.from_bytes(payload[4:8], "big")))
             self._held = bytearray()
             return
         out += held

@@ -76,7 +76,7 @@ class Limiter:
         self.closed = False
         self._queue: OrderedDict[Waiter, None] = OrderedDict()
         # Counters, for statistics: slots handed out, requests refused because the queue
-        # was full, and waiters that left the queue by cancellation.
+        # was full, and waiters that left the queue by cancellation (not by timeout).
         self.acquired = 0
         self.rejected = 0
         self.cancelled_waiting = 0
@@ -121,8 +121,10 @@ class Limiter:
             # The limit may have been raised while over it: fill what is now free.
             self._grant_free()
 
-    def cancel(self, waiter: Waiter) -> None:
-        """The task owning ``waiter`` gave up (cancelled, timed out).
+    def cancel(self, waiter: Waiter, *, timed_out: bool = False) -> None:
+        """The task owning ``waiter`` gave up: cancelled, or (``timed_out``) its acquire
+        timeout passed, which the caller counts itself, so ``cancelled_waiting`` counts
+        cancellations only.
 
         A waiting waiter leaves the queue; a granted one that never ran gives its slot back
         (so the next waiter gets it).  Cancelling a closed or cancelled waiter does nothing.
@@ -130,11 +132,11 @@ class Limiter:
         if waiter.state is WaiterState.WAITING:
             del self._queue[waiter]
             waiter.state = WaiterState.CANCELLED
-            self.cancelled_waiting += 1
+            self.cancelled_waiting += not timed_out
         elif waiter.state is WaiterState.GRANTED:
             waiter.state = WaiterState.CANCELLED
-            self.cancelled_waiting += 1
-            self.acquired -= 1  # it never ran: count it as a cancelled wait, not an acquire
+            self.cancelled_waiting += not timed_out
+            self.acquired -= 1  # it never ran: count it as a wait given up, not an acquire
             self.release()
 
     def set_limit(self, limit: int) -> None:

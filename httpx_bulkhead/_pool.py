@@ -508,14 +508,15 @@ class Pool(Generic[C]):
 
     def _expects_streams(self, origin: Origin, waiting: int) -> bool:
         """Whether ``waiting`` requests can count on streams of this origin's multiplexed
-        connections (open ones, and dials in flight) instead of dialing their own."""
+        connections (open ones, and dials in flight) instead of dialing their own.  Each
+        connection coming carries its dialer's request and ``cap - 1`` others."""
         multiplexed = self._multiplexed.get(origin)
         if multiplexed is None:
             multiplexed = self._may_multiplex(origin)
         if not multiplexed:
             return False
         coming = self._dialing.get(origin, 0) + self._unsettled.get(origin, 0)
-        return waiting <= coming * max(1, self._cap.get(origin, _UNKNOWN_CAP))
+        return waiting <= coming * (max(1, self._cap.get(origin, _UNKNOWN_CAP)) - 1)
 
     def _reserve_place(self, origin: Origin, to_close: list[PoolEntry[C]]) -> bool:
         if self.total >= self.max_connections:
@@ -544,14 +545,9 @@ class Pool(Generic[C]):
             self.stream_waits += 1
             self._grant(waiter, entry)
         # 2. Stream waiters no longer covered by dials in flight need places of their own.
-        while self._streams.count(origin) and not self._expects_streams(
-            origin, self._streams.count(origin)
-        ):
-            waiter = self._streams.tail(origin)
-            assert waiter is not None
-            self._streams.remove(waiter)
-            waiter.for_streams = False
-            self._places.push(waiter)
+        count = self._streams.count(origin)
+        if count and not self._expects_streams(origin, count):
+            self._uncover(origin)
         # 3. Places, in FIFO order, while the pool has room (or idle ones to evict).
         while self._places:
             head = self._places.head()
@@ -562,6 +558,21 @@ class Pool(Generic[C]):
             self._grant(head, DIAL)
             # The new dial may cover the origin's remaining place waiters.
             self._cover(head.origin)
+
+    def _uncover(self, origin: Origin) -> None:
+        """Move the latest stream waiters that dials in flight no longer cover to the place
+        queue, in their arrival order (the first of them gets the next place)."""
+        uncovered: list[PoolWaiter] = []
+        while self._streams.count(origin) and not self._expects_streams(
+            origin, self._streams.count(origin)
+        ):
+            waiter = self._streams.tail(origin)
+            assert waiter is not None
+            self._streams.remove(waiter)
+            waiter.for_streams = False
+            uncovered.append(waiter)
+        for waiter in reversed(uncovered):
+            self._places.push(waiter)
 
     def _cover(self, origin: Origin) -> None:
         """Move place waiters that a dial in flight now covers to the stream queue."""

@@ -69,7 +69,7 @@ class Slots:
                 await event.wait()
         except TimeoutError:
             if waiter.state is not WaiterState.GRANTED:  # granted in the same instant: keep it
-                limiter.cancel(waiter)
+                limiter.cancel(waiter, timed_out=True)
                 self._timed_out(request)
         except BaseException:
             limiter.cancel(waiter)  # leaves the queue, or passes on a slot it never used

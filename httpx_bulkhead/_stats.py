@@ -85,53 +85,94 @@ class WaitWindow:
 class CompartmentStats:
     """A snapshot of one compartment, built when ``statistics()`` is called.
 
-    Gauges describe the moment of the call; counters count since the transport was made.
-    Times are in seconds.  This is debugging and monitoring information: read it, do not
-    drive control flow from it.
+    Gauges describe the moment of the call; counters count since the transport was made
+    (or, for ``"(evicted)"``, summed over evicted compartments).  Times are in seconds.
+    ``str()`` gives a short grouped summary (zeros left out), ``as_dict()`` every field
+    grouped the same way.  This is monitoring information: read it, do not drive control
+    flow from it.
+
+    How the request counters add up (each request is counted once among them):
+
+    - a request that found a free slot or waited and got one: ``acquired``; when it
+      ends, exactly one of ``completed``, ``failed`` or ``cancelled``, so
+      ``acquired == running + completed + failed + cancelled``;
+    - one that found the queue full: ``rejected`` (``BulkheadFull``, it never waited);
+    - one that waited for a slot and gave up: ``acquire_timeouts`` (``AcquireTimeout``)
+      or ``cancelled_waiting`` (its task was cancelled), never both;
+    - one that held a slot and timed out waiting for a *connection*
+      (``max_connections`` reached): ``acquire_timeouts`` and ``failed``, since it had
+      been ``acquired``.
     """
 
+    #: The compartment's name: its ``hosts`` key, its group's name, or
+    #: ``scheme://host:port`` for an unlisted origin.
     name: str
     #: Requests holding a slot (from acquire to response closed); ``<= limit``.
     running: int
     #: Requests queued for a slot.
     waiting: int
+    #: ``Policy.max_concurrency``: slots.
     limit: int
+    #: ``Policy.max_pending``: places in the queue (``None``: unbounded).
     max_pending: int | None
     #: Open (or being opened) connections, idle and in use.
     connections: int
+    #: Open connections serving no request, kept for reuse.
     idle_connections: int
+    #: Open connections serving at least one request (HTTP/2: at least one stream).
     in_use_connections: int
     #: Requests holding a slot but waiting for a connection (``max_connections`` reached).
     waiting_for_connection: int
-    # counters
+    #: Slots handed out: at once, or after a wait.
     acquired: int
+    #: Slots returned after a response was read to its end (whatever its status code).
     completed: int
+    #: Slots returned after an error (network, protocol, timeout) or a response closed
+    #: before its end.
     failed: int
+    #: Slots returned because the request's task was cancelled.
     cancelled: int
+    #: Requests refused at once with ``BulkheadFull``: the queue was full.
     rejected: int
+    #: ``AcquireTimeout``s: no slot, or no connection, within the acquire timeout.
     acquire_timeouts: int
+    #: Requests whose task was cancelled while queued for a slot.
     cancelled_waiting: int
+    #: Connections opened (TCP, and TLS for https).
     connections_created: int
+    #: Requests sent again because a kept-alive connection turned out closed by the
+    #: server before any byte of the response (idempotent or unsent requests only).
     stale_retries: int
     #: Responses garbage-collected without being closed (a ResourceWarning is issued and
     #: their slot returned): a bug in the caller, which would otherwise exhaust the pool.
     leaked_responses: int
-    # discards, by reason
+    #: Discarded connections, by reason.  Idle past ``idle_timeout`` (or the server's
+    #: ``Keep-Alive: timeout``, less a margin).
     idle_expired: int
+    #: Past ``max_lifetime`` (jittered): closed when it next became idle.
     lifetime_expired: int
+    #: An exchange on it was cut (timeout, cancellation, response closed early): what the
+    #: server will send next is unknown, so it is closed, never pooled.
     unknown_state: int
+    #: The server closed it: seen while idle, or on reuse before any response byte.
     peer_closed: int
+    #: A network or protocol error on it.
     error: int
+    #: The protocol said not to reuse it (``Connection: close``, HTTP/1.0, GOAWAY).
     not_reusable: int
+    #: Idle beyond ``max_idle_connections``, or evicted to make room for a connection to
+    #: another origin when ``max_connections`` was reached.
     surplus: int
+    #: Closed by ``aclose()``, or when the compartment was evicted.
     closed: int
+    #: HTTP/2: a health-check PING (``ping_after``) was not answered within ``ping_timeout``.
     ping_timeouts: int
-    # HTTP/2
     #: Open HTTP/2 connections, and the streams open on them.
     http2_connections: int
     open_streams: int
     #: Each HTTP/2 connection's current stream cap (ascending).
     stream_caps: tuple[int, ...]
+    #: GOAWAY frames received.
     goaways: int
     #: Streams we reset (RST_STREAM) because their request was cancelled or timed out.
     streams_reset: int
@@ -142,12 +183,128 @@ class CompartmentStats:
     #: ...and requests that waited, then were served by an open connection's free capacity
     #: (HTTP/2: a stream; HTTP/1.1: a connection another request released).
     stream_waits: int
-    # acquire wait (slot and connection), over the last ``WAIT_WINDOW`` attempts, including
-    # those that ended in ``AcquireTimeout`` (rejections by ``BulkheadFull`` do not wait)
+    #: Acquire wait (slot and connection) quantiles over the last ``WAIT_WINDOW`` (1024)
+    #: attempts, including those that ended in ``AcquireTimeout`` (rejections by
+    #: ``BulkheadFull`` do not wait).
     wait_p50: float
     wait_p95: float
     wait_p99: float
     wait_max: float
+
+    def as_dict(self) -> dict[str, object]:
+        """Every field, grouped as ``str()`` shows them, for logs and JSON::
+
+            {"name": ..., "slots": {"running", "waiting", "limit", "max_pending"},
+             "connections": {"open", "idle", "in_use", "waiting", "created"},
+             "requests": {"acquired", "completed", "failed", "cancelled", "rejected",
+                          "acquire_timeouts", "cancelled_waiting", "stale_retries",
+                          "leaked_responses"},
+             "discards": {reason: count, ...},
+             "http2": {"connections", "open_streams", "stream_caps" (a list), "goaways",
+                       "streams_reset", "replays", "scale_outs", "stream_waits"},
+             "wait": {"p50", "p95", "p99", "max"}}
+
+        The flat fields stay the attributes (``stats.running``).
+        """
+        out: dict[str, object] = {"name": self.name}
+        for group, fields in GROUPS:
+            out[group] = {
+                label: list(value) if isinstance(value, tuple) else value
+                for label, value in ((label, getattr(self, field)) for label, field in fields)
+            }
+        return out
+
+    def __str__(self) -> str:
+        limit = "" if self.max_pending is None else f" (max_pending {self.max_pending})"
+        lines = [f"{self.name}: {self.running}/{self.limit} running, {self.waiting} waiting{limit}"]
+        for group, fields in GROUPS[1:]:
+            parts = [
+                _part(label, getattr(self, field), group)
+                for label, field in fields
+                if getattr(self, field)
+            ]
+            if parts:
+                lines.append(f"  {group}: " + ", ".join(parts))
+        return "\n".join(lines)
+
+
+def _part(label: str, value: object, group: str) -> str:
+    label = label.replace("_", " ")
+    if isinstance(value, tuple):
+        return f"{label} {','.join(map(str, value))}"
+    if group == "wait" and isinstance(value, float):
+        return f"{label} {value * 1000:.1f} ms"
+    return f"{label} {value}"
+
+
+#: The groups of ``as_dict()`` and ``str()``: (group, ((label, field), ...)).  Every field
+#: but ``name`` is in exactly one.
+GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    (
+        "slots",
+        (
+            ("running", "running"),
+            ("waiting", "waiting"),
+            ("limit", "limit"),
+            ("max_pending", "max_pending"),
+        ),
+    ),
+    (
+        "connections",
+        (
+            ("open", "connections"),
+            ("idle", "idle_connections"),
+            ("in_use", "in_use_connections"),
+            ("waiting", "waiting_for_connection"),
+            ("created", "connections_created"),
+        ),
+    ),
+    (
+        "requests",
+        (
+            ("acquired", "acquired"),
+            ("completed", "completed"),
+            ("failed", "failed"),
+            ("cancelled", "cancelled"),
+            ("rejected", "rejected"),
+            ("acquire_timeouts", "acquire_timeouts"),
+            ("cancelled_waiting", "cancelled_waiting"),
+            ("stale_retries", "stale_retries"),
+            ("leaked_responses", "leaked_responses"),
+        ),
+    ),
+    (
+        "discards",
+        tuple(
+            (reason, reason)
+            for reason in (
+                "idle_expired",
+                "lifetime_expired",
+                "unknown_state",
+                "peer_closed",
+                "error",
+                "not_reusable",
+                "surplus",
+                "closed",
+                "ping_timeouts",
+            )
+        ),
+    ),
+    (
+        "http2",
+        (
+            ("connections", "http2_connections"),
+            ("open_streams", "open_streams"),
+            ("stream_caps", "stream_caps"),
+            ("goaways", "goaways"),
+            ("streams_reset", "streams_reset"),
+            ("replays", "replays"),
+            ("scale_outs", "scale_outs"),
+            ("stream_waits", "stream_waits"),
+        ),
+    ),
+    ("wait", (("p50", "wait_p50"), ("p95", "wait_p95"), ("p99", "wait_p99"), ("max", "wait_max"))),
+)
 
 
 @dataclass(frozen=True, slots=True)

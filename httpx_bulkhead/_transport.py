@@ -14,7 +14,7 @@ import httpx
 
 from ._codec import check_parser
 from ._compartment import Compartment
-from ._config import DEFAULT_PORTS, HTTPVersions, Origin, Policy
+from ._config import DEFAULT_PORTS, Group, HTTPVersions, Origin, Policy
 from ._exceptions import TransportClosed
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._respx import MOCKS_MODULE, respx_response
@@ -55,10 +55,13 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     Args:
         default: policy of the compartment each origin *not* listed in ``hosts`` gets (one
             compartment per origin).  ``None`` (default): ``Policy()``, or ``limits`` mapped.
-        hosts: route key -> ``Policy``.  Keys are ``"host"``, ``"host:port"``,
-            ``"scheme://host[:port]"``, optionally followed by a path prefix
+        hosts: route key -> ``Policy``, or a name -> ``Group`` (several route keys, one
+            compartment).  Keys are ``"host"``, ``"host:port"``,
+            ``"scheme://host[:port]"``, with ``"*.example.com"`` for every host below a
+            domain, each optionally followed by a path prefix
             (``"api.example.com/v1/generate"``); the most specific match wins and the
-            longest path prefix beats a host-level key.
+            longest path prefix beats a host-level key.  A key of any other shape raises
+            ``ValueError``.
         limits: ``httpx.Limits`` mapped onto the default policy (per compartment); give
             either this or ``default``.
         verify, cert, trust_env: TLS settings, as for ``httpx.AsyncHTTPTransport``
@@ -90,7 +93,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     def __init__(
         self,
         default: Policy | None = None,
-        hosts: Mapping[str, Policy] | None = None,
+        hosts: Mapping[str, Policy | Group] | None = None,
         *,
         limits: httpx.Limits | None = None,
         verify: ssl.SSLContext | str | bool = True,

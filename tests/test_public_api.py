@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ PUBLIC = {
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",
+    "Group",
     "Policy",
     "RequestTimeout",
     "TransportClosed",
@@ -115,16 +117,38 @@ def test_compartment_stats_and_exchange_info_are_frozen() -> None:
         exchange.reused = True  # type: ignore[misc]
 
 
-def test_compartment_stats_fields_documented_in_readme() -> None:
-    names = {f.name for f in dataclasses.fields(CompartmentStats)}
-    gauges = {"running", "waiting", "limit", "connections", "idle_connections"}
-    gauges |= {"in_use_connections"}
-    counters = {"acquired", "completed", "failed", "cancelled", "rejected", "acquire_timeouts"}
-    counters |= {"cancelled_waiting", "connections_created", "stale_retries"}
-    discards = {"idle_expired", "lifetime_expired", "unknown_state", "peer_closed", "error"}
-    discards |= {"not_reusable", "surplus", "closed"}
-    quantiles = {"wait_p50", "wait_p95", "wait_p99", "wait_max"}
-    assert gauges | counters | discards | quantiles <= names
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_section(title: str) -> str:
+    """The text of one ``## title`` section of the README."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_every_statistics_field_is_documented_in_the_readme() -> None:
+    section = readme_section("Statistics")
+    documented = set(re.findall(r"`([a-z0-9_]+)`", section))
+    fields = {f.name for f in dataclasses.fields(CompartmentStats)}
+    # name, max_pending and waiting_for_connection are not listed there (yet): see below.
+    undocumented = fields - documented
+    assert undocumented <= {"name", "max_pending", "waiting_for_connection"}, undocumented
+    assert {"stream_waits", "http2_connections", "wait_p50", "wait_p99"} <= documented
+
+
+def test_every_policy_field_is_in_the_readme_table() -> None:
+    section = readme_section("Policy: the numbers of one compartment")
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
+    assert rows == {f.name for f in dataclasses.fields(Policy)}
+
+
+def test_every_error_is_named_in_the_readme() -> None:
+    section = readme_section("What it guarantees")
+    for exc in EXCEPTIONS:
+        if exc is not BulkheadError:
+            assert f"`{exc.__name__}`" in section, exc.__name__
 
 
 def test_bulkhead_transport_is_an_httpx_async_transport() -> None:
@@ -133,3 +157,15 @@ def test_bulkhead_transport_is_an_httpx_async_transport() -> None:
     assert isinstance(transport, httpx.AsyncBaseTransport)
     assert transport.statistics() == {}
     anyio.run(transport.aclose)
+
+
+def test_the_tests_named_in_the_promise_table_exist() -> None:
+    """tests/README.md maps the README's guarantees to tests: each one it names exists."""
+    tests_dir = Path(__file__).resolve().parent
+    table = (tests_dir / "README.md").read_text(encoding="utf-8")
+    source = "\n".join(p.read_text(encoding="utf-8") for p in tests_dir.rglob("test_*.py"))
+    named = set(re.findall(r"`(?:[\w/]+\.py::)?(test_\w+)`", table))
+    named |= set(re.findall(r"::(test_\w+)", table))
+    assert len(named) > 30
+    missing = {name for name in named if f"def {name}(" not in source}
+    assert not missing, missing

@@ -221,10 +221,15 @@ class _Connection:
 
     def guarded(self, action: Callable[[], None]) -> None:
         """Run ``action``: a stream the client closed meanwhile is no error; once h2 has
-        closed the connection (the client's GOAWAY, a protocol error), we are done."""
+        closed the connection (the client's GOAWAY, a protocol error), we are done.
+
+        h2 reports a send on a stream the client reset as ``StreamClosedError`` while it
+        remembers the stream, and as ``StreamIDTooLowError`` once it has forgotten it (it
+        prunes closed streams when it next counts open ones): both mean "closed
+        meanwhile".  (Frames *from* the client are checked in ``receive``, not here.)"""
         try:
             action()
-        except h2.exceptions.StreamClosedError:
+        except (h2.exceptions.StreamClosedError, h2.exceptions.StreamIDTooLowError):
             pass
         except h2.exceptions.ProtocolError:
             if self.h2.state_machine.state is not h2.connection.ConnectionState.CLOSED:

@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import BulkheadTransport, CompartmentStats, Policy, RequestTimeout
+from tests.conftest import until
 from tests.faults.handlers import (
     MB,
     FloodReport,
@@ -191,15 +192,26 @@ async def get(ctx: Ctx, path: str = "/", **kwargs: Any) -> httpx.Response:
 
 async def wait_for_fin(ctx: Ctx) -> httpx.Response:
     """GET, but between the TCP connect and the first write wait until the server's FIN
-    has arrived (and let the event loop see it)."""
+    has arrived and the client's stream has seen it."""
 
     async def trace(name: str, info: dict[str, Any]) -> None:
         if name == "connection.connect_tcp.complete":
             await ctx.server.wait_event("fin")
-            for _ in range(10):
-                await anyio.sleep(0)  # checkpoints, not a timed wait
+            await fin_seen(info["return_value"])
 
     return await get(ctx, extensions={"trace": trace})
+
+
+async def fin_seen(stream: Any) -> None:
+    """Until the client's stream holds the peer's end of stream (asyncio: the loop has
+    delivered it to our protocol; trio: the socket polls readable)."""
+    await until(lambda: bool(stream.get_extra_info("is_readable")), timeout=5)
+
+
+async def first_request_noting_its_stream(ctx: Ctx) -> None:
+    response = await get(ctx)
+    assert response.status_code == 200
+    ctx.notes["stream"] = response.extensions["network_stream"]
 
 
 async def first_request(ctx: Ctx) -> None:
@@ -212,13 +224,12 @@ async def post_once(ctx: Ctx) -> httpx.Response:
 
 async def post_after_fin(ctx: Ctx) -> httpx.Response:
     """HTTP/2 POST whose HEADERS made the server close: the body is written only once
-    the server's FIN has arrived (and the event loop has seen it)."""
+    the server's FIN has arrived and the client's stream has seen it."""
 
     async def trace(name: str, info: dict[str, Any]) -> None:
         if name == "http2.send_request_headers.complete":
             await ctx.server.wait_event("fin")
-            for _ in range(10):
-                await anyio.sleep(0)
+            await fin_seen(ctx.notes["stream"])
 
     return await ctx.client.post(ctx.url + "/", content=b"body", extensions={"trace": trace})
 
@@ -729,7 +740,7 @@ ROWS: list[Row] = [
         Fails(httpx.RemoteProtocolError, "disconnected"),
         deadline=2.0,
         http2=True,
-        prepare=first_request,
+        prepare=first_request_noting_its_stream,
         call=post_after_fin,
         stats={"completed": 1, "failed": 1, "stale_retries": 0, "peer_closed": 1},
     ),

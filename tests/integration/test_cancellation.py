@@ -7,12 +7,15 @@ the anyio cancel scopes and httpx pool timeouts that run on both backends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import AcquireTimeout, BulkheadTransport, Policy
+from httpx_bulkhead import AcquireTimeout, BulkheadTransport, Policy, RequestTimeout
 from tests.conftest import until
 from tests.servers import HypercornServer, TestApp
 
@@ -115,3 +118,76 @@ async def test_cancelling_an_in_flight_request_discards_its_connection(
         assert stats.connections == 0
         gate.open()
         assert (await client.get(f"{server.url}/")).extensions["bulkhead"].reused is False
+
+
+async def race_a_grant_with_the_wait_deadline(
+    server: HypercornServer,
+    waiter: Callable[[httpx.AsyncClient], Coroutine[Any, Any, None]],
+    **policy: object,
+) -> BulkheadTransport:
+    """Make a connection waiter's deadline and the grant of a connection place fall in one
+    event-loop step, the deadline first.
+
+    One connection (``max_connections=1``) is held by a response nobody reads, whose
+    ``request_timeout`` (1.5 s) frees the place by a timer.  The waiter starts 0.5 s later
+    with a deadline 0.2 s away; then the loop is blocked for 1.2 s, past both.  asyncio
+    then runs due timers in deadline order: the waiter's cancellation, then the expiry that
+    grants it the place.  (The waiter's own request_timeout leaves it 0.3 s to finish.)"""
+    transport = BulkheadTransport(
+        default=Policy(max_concurrency=3, max_connections=1, request_timeout=1.5, **policy)  # type: ignore[arg-type]
+    )
+    name = server.url
+    client = httpx.AsyncClient(transport=transport, timeout=10)
+    async with client:
+        held = await client.send(
+            client.build_request("GET", f"{server.url}/stream/200"), stream=True
+        )
+        await asyncio.sleep(0.5)  # constructs the race (the holder is older), not a wait
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(waiter(client))
+            await until(lambda: transport.statistics()[name].waiting_for_connection >= 1)
+            time.sleep(1.2)  # block the loop past both deadlines
+        with pytest.raises(RequestTimeout):
+            await held.aread()
+    return transport
+
+
+async def test_connection_granted_as_its_wait_times_out_is_used(server: HypercornServer) -> None:
+    results: list[httpx.Response] = []
+
+    async def waiter(client: httpx.AsyncClient) -> None:
+        results.append(await client.get(f"{server.url}/"))
+
+    transport = await race_a_grant_with_the_wait_deadline(server, waiter, acquire_timeout=0.2)
+    assert results[0].text == "hello"
+    stats = transport.statistics()[server.url]
+    assert stats.acquire_timeouts == 0 and stats.unknown_state == 1
+    assert (stats.running, stats.failed, stats.completed, stats.connections_created) == (0, 1, 1, 2)
+
+
+async def test_connection_waiter_cancelled_as_it_is_granted_passes_the_grant_on(
+    server: HypercornServer,
+) -> None:
+    """A cancel scope's deadline, not the acquire timeout: the waiter is cancelled with its
+    grant in hand, and must pass it on (else the next waiter would wait for ever)."""
+    results: list[httpx.Response] = []
+
+    async def two_waiters(client: httpx.AsyncClient) -> None:
+        async def cancelled() -> None:
+            with anyio.move_on_after(0.2):
+                await client.get(f"{server.url}/")
+                raise AssertionError("the cancelled waiter completed")
+
+        async def served() -> None:
+            results.append(await client.get(f"{server.url}/"))
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(cancelled())
+            await asyncio.sleep(0)  # the first waiter queues first
+            tg.create_task(served())
+
+    transport = await race_a_grant_with_the_wait_deadline(server, two_waiters)
+    assert results[0].text == "hello"
+    stats = transport.statistics()[server.url]
+    assert (stats.running, stats.failed, stats.cancelled, stats.completed) == (0, 1, 1, 1)
+    assert stats.connections_created == 2 and stats.acquire_timeouts == 0

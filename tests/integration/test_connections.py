@@ -4,13 +4,19 @@ the server's keep-alive hint, stale keep-alive retry, connection waits, close.""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport, Policy, RequestTimeout, TransportClosed
+from httpx_bulkhead import (
+    AcquireTimeout,
+    BulkheadTransport,
+    Policy,
+    RequestTimeout,
+    TransportClosed,
+)
 from tests.conftest import until
 from tests.servers import (
     HypercornServer,
@@ -290,3 +296,200 @@ async def test_one_clock_drives_the_request_deadline_too(server: HypercornServer
         assert (await client.get(f"{server.url}/")).text == "hello"
     stats = transport.statistics()[server.url]
     assert stats.failed == 1 and stats.completed == 1 and stats.running == 0
+
+
+async def test_streamed_body_is_never_retried_on_a_stale_connection() -> None:
+    """Idempotent, but the body was a stream (consumed by the first attempt): it cannot be
+    sent again, so the stale connection's failure is the answer."""
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"streamed "
+        yield b"body"
+
+    with RawServer(race_then_serve) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(srv.url)).text == "first"
+            with pytest.raises(httpx.RemoteProtocolError, match="disconnected"):
+                await client.put(srv.url, content=body())
+            assert (await client.get(srv.url)).text == "fresh"  # the compartment goes on
+        stats = transport.statistics()[srv.url]
+        assert stats.stale_retries == 0 and stats.failed == 1 and stats.peer_closed == 1
+        assert len(srv.requests) == 3  # first, the PUT lost in the race, the last GET
+
+
+def connection_limited(**policy: object) -> BulkheadTransport:
+    """Two slots but one connection: the second request holds a slot and waits for the
+    connection (``waiting_for_connection``)."""
+    return BulkheadTransport(default=Policy(max_concurrency=3, max_connections=1, **policy))  # type: ignore[arg-type]
+
+
+async def test_connection_wait_times_out_with_acquire_timeout(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("connwait"))
+    transport = connection_limited(acquire_timeout=0.2)
+    name = server.url
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.get, f"{server.url}/gate/{gate.name}")
+            await gate.until_entered(1)
+            with pytest.raises(AcquireTimeout, match="no connection within"):
+                await client.get(f"{server.url}/")
+            stats = transport.statistics()[name]
+            assert (stats.running, stats.waiting_for_connection) == (1, 0)
+            gate.open()
+    stats = transport.statistics()[name]
+    assert (stats.acquire_timeouts, stats.failed, stats.completed) == (1, 1, 1)
+    assert stats.acquired == stats.completed + stats.failed + stats.cancelled
+    assert stats.wait_max >= 0.2 and stats.connections_created == 1
+    assert stats.wait_p99 == stats.wait_max  # two waits: p99 is the larger
+
+
+async def test_aclose_wakes_connection_waiters(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    gate = app.gate(unique("closeconn"))
+    transport = connection_limited()
+    name = server.url
+    errors: list[BaseException] = []
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+        async def call() -> None:
+            try:
+                await client.get(f"{server.url}/gate/{gate.name}")
+            except httpx.TransportError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await gate.until_entered(1)
+            tg.start_soon(call)
+            tg.start_soon(call)
+            await until(lambda: transport.statistics()[name].waiting_for_connection == 2)
+            await transport.aclose()
+    gate.open()
+    closed = [e for e in errors if isinstance(e, TransportClosed)]
+    assert len(closed) == 2 and "was closed" in str(closed[0]) and len(errors) == 3
+    stats = transport.statistics()[name]
+    assert (stats.running, stats.waiting_for_connection, stats.connections) == (0, 0, 0)
+    assert stats.failed == 3
+
+
+async def test_connection_waiter_cancelled_right_after_its_grant_never_completes(
+    server: HypercornServer,
+) -> None:
+    """The connection is granted to the first waiter, which is cancelled before it
+    resumes: its request never completes, and the next waiter is served."""
+    transport = connection_limited()
+    name = server.url
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        held = await client.send(client.build_request("GET", f"{server.url}/"), stream=True)
+        second: list[httpx.Response] = []
+
+        async def first_waiter(scope: anyio.CancelScope) -> None:
+            with scope:
+                await client.get(f"{server.url}/")
+                raise AssertionError("the cancelled waiter completed")
+
+        async def second_waiter() -> None:
+            second.append(await client.get(f"{server.url}/"))
+
+        scope = anyio.CancelScope()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first_waiter, scope)
+            await until(lambda: transport.statistics()[name].waiting_for_connection == 1)
+            tg.start_soon(second_waiter)
+            await until(lambda: transport.statistics()[name].waiting_for_connection == 2)
+            await held.aread()  # the connection is granted to the first waiter...
+            scope.cancel()  # ...which is cancelled before it resumes
+        assert second[0].text == "hello"
+    stats = transport.statistics()[name]
+    assert (stats.running, stats.completed, stats.cancelled, stats.failed) == (0, 2, 1, 0)
+    assert stats.acquired == stats.completed + stats.failed + stats.cancelled
+    assert stats.stream_waits >= 1  # the first waiter was granted the pooled connection
+
+
+async def test_leaked_http2_response_resets_its_stream_and_keeps_the_connection(
+    app: TestApp,
+) -> None:
+    import gc
+
+    with HypercornServer(app) as srv:
+        transport = BulkheadTransport(default=Policy(max_concurrency=1), http1=False, http2=True)
+        name = srv.url
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+            request = client.build_request("GET", f"{srv.url}/stream/100")
+            response = await client.send(request, stream=True)
+            assert transport.statistics()[name].http2_connections == 1
+            with pytest.warns(ResourceWarning, match="never closed"):
+                del response
+                gc.collect()
+            await until(lambda: transport.statistics()[name].streams_reset == 1)
+            await until(lambda: transport.statistics()[name].running == 0)
+            again = await client.get(f"{srv.url}/")
+            assert again.text == "hello" and again.extensions["bulkhead"].reused
+            stats = transport.statistics()[name]
+            assert (stats.leaked_responses, stats.cancelled, stats.completed) == (1, 1, 1)
+            assert (stats.http2_connections, stats.connections_created) == (1, 1)
+            assert stats.unknown_state == 0 and stats.error == 0
+
+
+async def test_a_failure_while_building_the_response_returns_the_slot(
+    server: HypercornServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: the response object cannot be built (here: its extension raises)."""
+    import httpx_bulkhead._compartment as compartment_module
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("cannot build the response")
+
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    name = server.url
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        with monkeypatch.context() as patch:
+            patch.setattr(compartment_module, "ExchangeInfo", broken)
+            with pytest.raises(RuntimeError, match="cannot build"):
+                await client.get(f"{server.url}/")
+        stats = transport.statistics()[name]
+        assert (stats.running, stats.failed, stats.in_use_connections) == (0, 1, 0)
+        assert stats.error == 1  # an exchange cut half-way: its connection is closed
+        assert (await client.get(f"{server.url}/")).text == "hello"
+
+
+def reset_when_told(conn: RawConn) -> None:
+    """Connection 0 answers one request, then resets itself when the test says so (the
+    server dropping an idle keep-alive connection); later connections answer "fresh"."""
+    if conn.index == 0:
+        if conn.read_request() is not None:
+            conn.send_response(200, b"first")
+            conn.wait("reset")
+        conn.reset()
+        conn.server.set_event("was-reset")
+        return
+    keepalive_ok(b"fresh")(conn)
+
+
+async def test_non_idempotent_request_is_retried_when_nothing_was_written() -> None:
+    """The stale connection fails the POST before any byte of it was written (the reset
+    lands between the idle check and the write): nothing reached the server, so sending
+    it again on a new connection is safe."""
+    with RawServer(reset_when_told) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            first = await client.get(srv.url)
+            stream = first.extensions["network_stream"]
+            fired: list[str] = []
+
+            async def trace(name: str, info: dict[str, object]) -> None:
+                if name == "http11.send_request_headers.started" and not fired:
+                    fired.append(name)
+                    srv.set_event("reset")
+                    await srv.wait_event("was-reset")
+                    await until(lambda: bool(stream.get_extra_info("is_readable")))
+
+            response = await client.post(srv.url, content=b"once", extensions={"trace": trace})
+            assert response.text == "fresh" and response.extensions["bulkhead"].retried
+        stats = transport.statistics()[srv.url]
+        assert (stats.stale_retries, stats.peer_closed, stats.failed) == (1, 1, 0)
+        assert [r.split(b" ")[0] for r in srv.requests] == [b"GET", b"POST"]

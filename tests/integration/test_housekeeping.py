@@ -6,6 +6,7 @@ bypassed by another spelling of the host."""
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 import time
 import tracemalloc
@@ -317,3 +318,32 @@ async def test_equivalent_spellings_of_a_host_share_its_bulkhead(key: str, url: 
     stats = transport.statistics()
     assert stats[key].completed == 1
     assert sum(s.completed for s in stats.values()) == 1
+
+
+async def test_compartments_that_never_connected_are_evicted_cleanly(
+    server: HypercornServer,
+) -> None:
+    """Compartments whose only request was refused hold no connection and no expiry
+    timer: beyond the bound they are evicted like any other, their counters kept, and the
+    transport goes on serving."""
+    holders = []
+    for _ in range(8):  # bound, never listening: a connection is refused, deterministically
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        holders.append(sock)
+    transport = BulkheadTransport(max_default_compartments=2)
+    try:
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            for sock in holders:
+                port = sock.getsockname()[1]
+                with pytest.raises(httpx.ConnectError):
+                    await client.get(f"http://127.0.0.1:{port}/")
+            assert (await client.get(f"{server.url}/")).text == "hello"
+            stats = transport.statistics()
+            assert stats["(evicted)"].failed >= 8 - 2 - 4  # the bound and its slack
+            assert sum(s.failed for s in stats.values()) == 8  # nothing lost
+            assert sum(s.connections for s in stats.values()) == 1
+    finally:
+        for sock in holders:
+            sock.close()
+    assert transport.statistics()[server.url].completed == 1

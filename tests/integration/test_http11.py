@@ -15,7 +15,15 @@ import httpx
 import pytest
 
 from httpx_bulkhead import BulkheadTransport, ExchangeInfo, Policy
-from tests.servers import HypercornServer, RawConn, RawServer, keepalive_ok, never_answer
+from tests.conftest import until
+from tests.servers import (
+    HypercornServer,
+    RawConn,
+    RawServer,
+    default_server_tls,
+    keepalive_ok,
+    never_answer,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
 
@@ -545,3 +553,195 @@ async def test_keepalive_raw_server_single_connection() -> None:
         assert bodies == [b"hi"] * 5
         assert srv.connections == 1
         assert [r.split(b" ")[1] for r in srv.requests] == [b"/%d" % i for i in range(5)]
+
+
+# ---------------------------------------------------- early answers, bad headers, hints
+
+
+def answers_413_before_the_body(conn: RawConn) -> None:
+    """Reads the request head only, answers 413, and once the test says the client holds
+    the answer, resets the connection with the body unread (the upload fails mid-way)."""
+    while b"\r\n\r\n" not in conn._buffer:
+        if not conn._fill():
+            return
+    conn.send_response(413, b"too large", [("Connection", "close")])
+    conn.server.set_event("answered")
+    conn.wait("reset")
+    conn.reset()
+
+
+async def test_an_early_answer_during_the_upload_is_returned() -> None:
+    """RFC 9112 §9.5: the server may answer and close before the body is sent; its
+    response is what the caller gets, not the write error.  (The reset waits until the
+    client's stream holds the answer: a reset that overtakes it loses it in the kernel.)"""
+
+    async def upload() -> AsyncIterator[bytes]:
+        for _ in range(256):
+            yield b"u" * 65536  # 16 MB: far more than the socket buffers hold
+        raise AssertionError("the whole body was sent")
+
+    streams: list[Any] = []
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name == "connection.connect_tcp.complete":
+            streams.append(info["return_value"])
+
+    with RawServer(answers_413_before_the_body) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            responses: list[httpx.Response] = []
+
+            async def post() -> None:
+                extensions = {"trace": trace}
+                responses.append(
+                    await client.post(srv.url, content=upload(), extensions=extensions)
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post)
+                await srv.wait_event("answered")
+                await until(lambda: bool(streams[0].get_extra_info("is_readable")))
+                srv.set_event("reset")
+            assert (responses[0].status_code, responses[0].text) == (413, "too large")
+        stats = transport.statistics()[srv.url]
+        assert (stats.completed, stats.failed, stats.connections) == (1, 0, 0)
+
+
+def bad_response_header(conn: RawConn) -> None:
+    while conn.read_request() is not None:
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nno colon here\r\n\r\nok")
+
+
+async def test_an_invalid_response_header_is_a_protocol_error() -> None:
+    with RawServer(bad_response_header) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.get(srv.url)
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.get(srv.url)
+        stats = transport.statistics()[srv.url]
+        assert (stats.failed, stats.error, stats.running, stats.connections) == (2, 2, 0, 0)
+        assert srv.connections == 2  # a connection in an unknown state is never reused
+
+
+@pytest.mark.parametrize(
+    "header",
+    [{"bad name": "x"}, {"x-ok": "line\r\nInjected: 1"}, {"": "empty name"}],
+    ids=["space-in-name", "crlf-in-value", "empty-name"],
+)
+async def test_an_invalid_request_header_is_refused_before_anything_is_sent(
+    header: dict[str, str],
+) -> None:
+    received: list[bytes] = []
+    with RawServer(recording(received)) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            with pytest.raises(httpx.LocalProtocolError):
+                await client.get(srv.url, headers=header)
+            assert (await client.get(srv.url)).text == "ok"
+        stats = transport.statistics()[srv.url]
+        assert (stats.failed, stats.completed, stats.running) == (1, 1, 0)
+        assert len(received) == 1 and b"Injected" not in received[0]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("value", "kept_for"),
+    [
+        ("timeout=abc", 4.0),  # malformed: ignored, our idle_timeout applies
+        ("timeout=-3", 4.0),
+        ("timeout=", 4.0),
+        ("max=100", 4.0),
+        ("max=100, timeout=3", 2.0),  # 3 s minus a 1 s margin
+        ("Timeout = 2 ", 1.0),
+    ],
+)
+async def test_keep_alive_header_values(value: str, kept_for: float) -> None:
+    clock = FakeClock()
+    with RawServer(keepalive_ok(b"ok", [("Keep-Alive", value)])) as srv:
+        transport = BulkheadTransport(default=Policy(idle_timeout=4.0), _clock=clock)
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            await client.get(srv.url)
+            clock.now += kept_for - 0.01
+            assert info(await client.get(srv.url)).reused
+            clock.now += kept_for
+            assert not info(await client.get(srv.url)).reused
+        assert transport.statistics()[srv.url].idle_expired == 1
+
+
+# ------------------------------------------------------------------- back-pressure
+
+BIG = 4 * 1024 * 1024
+
+
+def big_download(conn: RawConn) -> None:
+    """Answers with a 4 MB body of a known pattern, sent as fast as the client takes it."""
+    while conn.read_request() is not None:
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG)
+        block = bytes(range(256)) * 256
+        for _ in range(BIG // len(block)):
+            conn.send(block)
+        conn.server.set_event("sent")
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_a_download_the_caller_reads_late_arrives_whole(tls: bool) -> None:
+    """Nobody reads the body until the server has pushed what the buffers hold: the
+    stream stops reading from the socket (back-pressure) and resumes as the caller reads;
+    no byte is lost or reordered (over TLS the plaintext buffer is what fills)."""
+    server_tls = default_server_tls() if tls else None
+    with RawServer(big_download, tls=server_tls) as srv:
+        verify = server_tls.client_ssl_context() if server_tls else True
+        transport = BulkheadTransport(verify=verify)
+        url = srv.url
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            async with client.stream("GET", url) as response:
+                for _ in range(20):
+                    await anyio.sleep(0.01)  # let the buffers fill (not a synchronisation)
+                body = await response.aread()
+            assert len(body) == BIG and body == (bytes(range(256)) * 256) * (BIG // 65536)
+            await srv.wait_event("sent")
+            assert info(await client.get(url)).reused
+        assert transport.statistics()[url].completed == 2
+
+
+def slow_reader(conn: RawConn) -> None:
+    """Reads the head, waits for the test's go, then reads the whole body and reports its
+    length and checksum."""
+    while b"\r\n\r\n" not in conn._buffer:
+        if not conn._fill():
+            return
+    conn.server.set_event("head")
+    conn.wait("go")
+    request = conn.read_request()
+    if request is None:
+        return
+    body = request.split(b"\r\n\r\n", 1)[1]
+    conn.send_response(200, b"%d %d" % (len(body), sum(body[::4096])))
+
+
+async def test_an_upload_the_server_reads_late_is_sent_whole() -> None:
+    """The server reads nothing for a while: writes stop at the transport's high-water
+    mark (back-pressure) and resume as the server reads."""
+    body = bytes(range(256)) * (BIG // 256)
+    with RawServer(slow_reader) as srv:
+        transport = BulkheadTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+            result: list[httpx.Response] = []
+            async with anyio.create_task_group() as tg:
+
+                async def upload() -> None:
+                    result.append(await client.post(srv.url, content=body))
+
+                tg.start_soon(upload)
+                await srv.wait_event("head")
+                srv.set_event("go")
+            assert result[0].text == f"{len(body)} {sum(body[::4096])}"

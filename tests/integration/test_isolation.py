@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import AcquireTimeout, BulkheadFull, BulkheadTransport, Policy, RequestTimeout
+from httpx_bulkhead._stats import quantile
 from tests.conftest import until
 from tests.servers import HypercornServer, TestApp
 
@@ -169,3 +170,37 @@ async def test_slot_held_until_streaming_response_is_closed(
         snapshot = transport.statistics()[key]
         assert (snapshot.running, snapshot.unknown_state, snapshot.cancelled) == (0, 1, 1)
         assert (await client.get(f"{server.url}/")).text == "hello"
+
+
+async def test_wait_quantiles_are_those_of_the_waits_reported_per_request(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    """Five requests through one slot: the first waits for nothing, the others queue.  The
+    snapshot's quantiles are the nearest-rank quantiles of the ``queue_wait`` each response
+    reported (the same numbers, not an estimate)."""
+    gate = app.gate(unique("waits"))
+    transport = BulkheadTransport(default=Policy(max_concurrency=1))
+    name = server.url
+    waits: list[float] = []
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+        async def call() -> None:
+            response = await client.get(f"{server.url}/gate/{gate.name}")
+            waits.append(response.extensions["bulkhead"].queue_wait)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(call)
+            await gate.until_entered(1)
+            await until(lambda: transport.statistics()[name].waiting == 4)
+            gate.open()
+    stats = transport.statistics()[name]
+    ordered = sorted(waits)
+    assert ordered[0] == 0.0 and all(w > 0 for w in ordered[1:])
+    assert (stats.wait_p50, stats.wait_p95, stats.wait_p99, stats.wait_max) == (
+        quantile(ordered, 0.5),
+        quantile(ordered, 0.95),
+        quantile(ordered, 0.99),
+        ordered[-1],
+    )
+    assert 0 < stats.wait_p50 <= stats.wait_p95 <= stats.wait_p99 == stats.wait_max

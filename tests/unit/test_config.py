@@ -1,4 +1,4 @@
-"""Policy validation, route key parsing and routing."""
+"""Policy validation, route key parsing and host spellings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from httpx_bulkhead import BulkheadTransport, Policy
 from httpx_bulkhead._config import RouteKey, canonical_host, parse_route_key
-from httpx_bulkhead._routing import Router
 
 
 @pytest.mark.parametrize(
@@ -28,12 +27,64 @@ from httpx_bulkhead._routing import Router
         ("idle_timeout", -1, ValueError),
         ("max_lifetime", 0, ValueError),
         ("lifetime_jitter", 1.0, ValueError),
+        ("lifetime_jitter", -0.1, ValueError),
         ("lifetime_jitter", None, TypeError),
+        ("max_streams_per_connection", 0, ValueError),
+        ("max_streams_per_connection", 2.0, TypeError),
+        ("ping_after", -1, ValueError),
+        ("ping_timeout", 0, ValueError),
+        ("ping_timeout", None, TypeError),
+        ("idle_timeout", True, TypeError),
+        ("max_pending", "5", TypeError),
     ],
 )
 def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match=f"Policy.{field}"):
         Policy(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_concurrency", 1.5, "must be an int, got float"),
+        ("max_pending", 1.5, "must be an int or None, got float"),
+        ("max_concurrency", 0, "must be >= 1, got 0"),
+        ("max_pending", -1, "must be >= 0, got -1"),
+        ("acquire_timeout", -1, "must be >= 0 seconds"),
+        ("request_timeout", 0, "must be > 0 seconds"),
+        ("acquire_timeout", "1", "must be a number of seconds or None"),
+        ("lifetime_jitter", 1.5, "must be < 1"),
+    ],
+)
+def test_policy_errors_say_what_is_allowed(field: str, value: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        Policy(**{field: value})
+
+
+def test_the_smallest_valid_values_are_accepted() -> None:
+    policy = Policy(
+        max_concurrency=1,
+        max_pending=0,
+        acquire_timeout=0,
+        request_timeout=0.001,
+        max_connections=1,
+        max_idle_connections=0,
+        idle_timeout=0,
+        max_lifetime=0.001,
+        lifetime_jitter=0,
+        max_streams_per_connection=1,
+        ping_after=0,
+        ping_timeout=0.001,
+    )
+    assert (policy.connection_limit, policy.idle_limit) == (1, 0)
+    unbounded = Policy(
+        max_pending=None,
+        idle_timeout=None,
+        max_streams_per_connection=None,
+        ping_after=None,
+        lifetime_jitter=0.999,
+    )
+    assert unbounded.max_pending is None and unbounded.max_streams_per_connection is None
 
 
 def test_policy_defaults_and_derived_limits() -> None:
@@ -51,6 +102,12 @@ def test_policy_from_httpx_limits() -> None:
     )
     assert (policy.max_concurrency, policy.idle_limit, policy.idle_timeout) == (10, 4, 2.0)
     assert Policy.from_limits(httpx.Limits(max_connections=None)).max_concurrency == 100
+    more_idle = Policy.from_limits(httpx.Limits(max_connections=3, max_keepalive_connections=9))
+    assert more_idle.idle_limit == 3  # never more idle connections than connections
+    unbounded = Policy.from_limits(httpx.Limits(max_keepalive_connections=None))
+    assert unbounded.max_idle_connections is None and unbounded.idle_limit == 100
+    with pytest.raises(TypeError, match=r"httpx\.Limits"):
+        Policy.from_limits({"max_connections": 3})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -69,37 +126,45 @@ def test_route_keys_parse(text: str, key: RouteKey) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["ftp://x", "x:99999", "x:abc", "", "[::1", "a b", "[::1]x", "https://:443"]
+    "text",
+    [
+        "ftp://x",
+        "x:99999",
+        "x:65536",
+        "x:0",
+        "x:abc",
+        "x:",
+        "",
+        "[::1",
+        "a b",
+        "[::1]x",
+        "https://:443",
+        "::1",  # an IPv6 address without brackets
+        "[::1::2]",  # not an IPv6 address
+        "[example.com]",
+        "-bad-.example",
+        "bad..ex\u00e4mple",  # IDNA cannot encode it
+    ],
 )
 def test_bad_route_keys_are_named(text: str) -> None:
     with pytest.raises(ValueError, match="hosts key"):
         parse_route_key(text)
 
 
-def test_router_most_specific_wins_and_longest_prefix() -> None:
-    router = Router(
-        {
-            "llm.example.com": Policy(),
-            "llm.example.com:8443": Policy(),
-            "https://llm.example.com:8443": Policy(),
-            "llm.example.com/v1": Policy(),
-            "llm.example.com/v1/generate": Policy(),
-        },
-        Policy(),
-        lambda name, policy: name,
-    )
-    https = ("https", "llm.example.com", 8443)
-    assert router.route(https, "/other") == "https://llm.example.com:8443"
-    assert router.route(("http", "llm.example.com", 8443), "/") == "llm.example.com:8443"
-    assert router.route(("https", "llm.example.com", 443), "/") == "llm.example.com"
-    assert router.route(https, "/v1/generate") == "llm.example.com/v1/generate"
-    assert router.route(https, "/v1/generate/stream") == "llm.example.com/v1/generate"
-    assert router.route(https, "/v1/generated") == "llm.example.com/v1"
-    assert router.route(https, "/v1?x=1") == "llm.example.com/v1"
-    # Unlisted origins each get their own compartment, made once.
-    assert router.route(("https", "other.example", 443), "/") == "https://other.example:443"
-    assert router.route(("http", "::1", 80), "/") == "http://[::1]:80"
-    assert list(router.compartments).count("https://other.example:443") == 1
+@pytest.mark.parametrize("text", [3, None, b"host"])
+def test_route_keys_must_be_strings(text: object) -> None:
+    with pytest.raises(TypeError, match="hosts keys must be strings"):
+        parse_route_key(text)
+
+
+def test_route_key_edge_spellings() -> None:
+    assert parse_route_key("  api.example  ") == RouteKey(None, "api.example", None, None)
+    assert parse_route_key("api.example/") == RouteKey(None, "api.example", None, None)
+    assert parse_route_key("HTTP://api.example") == RouteKey("http", "api.example", 80, None)
+    assert parse_route_key("[::1]") == RouteKey(None, "::1", None, None)
+    assert parse_route_key("api.example:65535").port == 65535
+    assert parse_route_key("internal_host:1") == RouteKey(None, "internal_host", 1, None)
+    assert parse_route_key("http://x/a://b") == RouteKey("http", "x", 80, "/a://b")
 
 
 def test_transport_rejects_bad_configuration() -> None:
@@ -115,65 +180,10 @@ def test_transport_rejects_bad_configuration() -> None:
         BulkheadTransport(hosts={"ftp://x": Policy()})
     with pytest.raises(ValueError, match="duplicates"):
         BulkheadTransport(hosts={"x": Policy(), "X": Policy()})
-
-
-class Box:
-    """A stand-in compartment: the router only asks whether it is at rest and how used."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.busy = False
-        self.uses = 0
-
-
-def box_router(bound: int) -> Router[Box]:
-    return Router(
-        {"listed.example": Policy()},
-        Policy(),
-        lambda name, policy: Box(name),
-        max_default=bound,
-        at_rest=lambda box: not box.busy,
-        uses=lambda box: box.uses,
-    )
-
-
-def test_router_evicts_unused_compartments_at_rest_clock_style() -> None:
-    router = box_router(3)
-    boxes = [router.route(("http", f"h{i}", 80), "/") for i in range(3)]
-    boxes[0].busy = True  # in use: never evicted
-    boxes[1].uses = 5  # used since it was made: a second chance
-    router.route(("http", "h3", 80), "/")
-    # h0 is busy and h1 was used: both move to the back; h2 is at rest and unused: out.
-    assert router.retired == [boxes[2]]
-    assert set(router.compartments) == {
-        "listed.example",
-        "http://h0:80",
-        "http://h1:80",
-        "http://h3:80",
-    }
-    # A route to an evicted origin makes a new compartment (the cache forgot the old one).
-    again = router.route(("http", "h2", 80), "/")
-    assert again is not boxes[2] and router.compartments["http://h2:80"] is again
-
-
-def test_router_never_evicts_listed_or_busy_compartments() -> None:
-    router = box_router(1)
-    first = router.route(("http", "a", 80), "/")
-    first.busy = True
-    for i in range(20):
-        router.route(("http", f"b{i}", 80), "/").busy = True
-    assert router.retired == [] and "listed.example" in router.compartments
-    assert len(router.compartments) == 22  # over the bound while everything is busy
-
-
-def test_router_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import httpx_bulkhead._routing as routing
-
-    monkeypatch.setattr(routing, "MAX_CACHED_ORIGINS", 10)
-    router = Router({"listed.example": Policy()}, Policy(), lambda name, policy: name)
-    for port in range(1, 100):  # one key, any port: each port is an origin of its own
-        assert router.route(("http", "listed.example", port), "/") == "listed.example"
-    assert len(router._cache) <= 10
+    with pytest.raises(ValueError, match="no HTTP version left"):
+        BulkheadTransport(http1=False, http2=False)
+    with pytest.raises(ValueError, match="must be 'h11' or 'httptools', got 'llhttp'"):
+        BulkheadTransport(http1_parser="llhttp")
 
 
 @pytest.mark.parametrize(

@@ -243,3 +243,22 @@ def test_output_looked_at_goes_out_first_and_once() -> None:
     assert not conn.pending_output()
     anyio.run(conn.flush, request, Timeouts(None, None, None))
     assert net.sent == [preface + ping]
+
+
+def test_a_goaway_shorter_than_its_fixed_fields_is_a_frame_size_error() -> None:
+    """RFC 9113 §6.8: a GOAWAY carries at least 8 bytes (last stream id, error code); a
+    shorter one is malformed (§4.2: a connection error), not something to drop silently.
+    Before: dropped without a word, and the connection went on as if nothing came."""
+    import pytest
+
+    from httpx_bulkhead._h2frames import FrameSizeError
+
+    for length in range(8):
+        short = frame(0x7, 0, b"\0" * length)
+        with pytest.raises(FrameSizeError, match="shorter"):
+            FrameSplitter().feed(short)
+        splitter = FrameSplitter()  # the same, its header split across reads
+        with pytest.raises(FrameSizeError, match="shorter"):
+            splitter.feed(short[:4])
+            splitter.feed(short[4:])
+    assert FrameSplitter().feed(goaway(1, 0)) == (b"", [GoAway(1, 0)])  # 8 bytes: fine

@@ -94,3 +94,157 @@ def test_without_a_loop_nothing_is_scheduled() -> None:
     assert handle.cancelled and not timers.bound
     assert not timers.call_soon_threadsafe(lambda: None)
     assert timers.run_in_loop(lambda: 1, 1) == (False, None)
+
+
+async def test_a_failing_awaitable_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    timers = Timers()
+    done = anyio.Event()
+
+    async def broken() -> None:
+        done.set()
+        raise RuntimeError("bug")
+
+    timers.call_later(0, broken)
+    with anyio.fail_after(5):
+        await done.wait()
+    await until(lambda: "a timer task failed" in caplog.text, timeout=5)
+    await timers.aclose()
+
+
+async def test_run_in_loop_hands_exceptions_to_the_calling_thread() -> None:
+    timers = Timers()
+    timers.bind()
+
+    def broken() -> int:
+        raise ZeroDivisionError("from the loop")
+
+    with pytest.raises(ZeroDivisionError, match="from the loop"):
+        await anyio.to_thread.run_sync(lambda: timers.run_in_loop(broken, 5))
+    await timers.aclose()
+
+
+def test_run_in_loop_gives_up_on_a_blocked_loop_and_never_runs_it_late() -> None:
+    """The loop is blocked past the caller's patience: the caller reads directly, and the
+    work handed over is dropped rather than run after the caller stopped waiting."""
+    import asyncio
+
+    timers = Timers()
+    ran: list[int] = []
+    answered = threading.Event()
+    results: list[tuple[bool, object]] = []
+
+    def caller() -> None:
+        results.append(timers.run_in_loop(lambda: ran.append(1), 0.05))
+        answered.set()
+
+    async def main() -> None:
+        timers.bind()
+        thread = threading.Thread(target=caller)
+        thread.start()
+        answered.wait(5)  # blocks the loop until the caller gave up
+        await asyncio.sleep(0)  # now the loop runs what was handed over
+        await asyncio.sleep(0)
+        thread.join()
+        await timers.aclose()
+
+    asyncio.run(main())
+    assert results == [(False, None)] and ran == []
+
+
+def test_a_loop_that_is_gone_takes_no_work() -> None:
+    """Bound to a loop that has since finished (in another thread): hand-offs report that
+    nobody can run them, so the caller acts directly."""
+    import asyncio
+
+    timers = Timers()
+
+    async def bind() -> None:
+        timers.bind()
+
+    thread = threading.Thread(target=lambda: asyncio.run(bind()))
+    thread.start()
+    thread.join()
+    assert timers.bound
+    assert not timers.call_soon_threadsafe(lambda: None)
+    assert timers.run_in_loop(lambda: 1, 1) == (False, None)
+    handle = timers.call_later(0, lambda: None)  # outside any loop: never runs
+    assert handle.cancelled
+
+
+def test_trio_loop_that_is_gone_takes_no_work() -> None:
+    import trio
+
+    timers = Timers()
+
+    async def bind() -> None:
+        timers.bind()
+
+    thread = threading.Thread(target=lambda: trio.run(bind))
+    thread.start()
+    thread.join()
+    assert timers.bound and not timers.call_soon_threadsafe(lambda: None)
+
+
+def test_timers_follow_the_transport_to_another_loop() -> None:
+    """Used under trio, then under asyncio, then trio again: each new loop takes over (the
+    old one is gone, and its timers with it)."""
+    import asyncio
+
+    import trio
+
+    timers = Timers()
+    fired: list[str] = []
+
+    async def under_trio(label: str) -> None:
+        timers.call_later(0, lambda: fired.append(label))
+        with trio.fail_after(5):
+            while label not in fired:
+                await trio.sleep(0)
+
+    async def under_asyncio() -> None:
+        timers.call_later(0, lambda: fired.append("asyncio"))
+        await until(lambda: "asyncio" in fired, timeout=5)
+
+    trio.run(under_trio, "trio")
+    asyncio.run(under_asyncio())
+    trio.run(under_trio, "trio again")
+    assert fired == ["trio", "asyncio", "trio again"]
+
+
+def test_trio_timers_drop_cancelled_handles_as_they_pile_up() -> None:
+    import trio
+
+    timers = Timers()
+    fired: list[int] = []
+
+    async def main() -> None:
+        handles = [timers.call_later(60, lambda: fired.append(0)) for _ in range(100)]
+        for handle in handles:
+            handle.cancel()
+        timers.call_later(0, lambda: fired.append(1))
+        with trio.fail_after(5):
+            while not fired:
+                await trio.sleep(0)
+        await timers.aclose()
+
+    trio.run(main)
+    assert fired == [1]
+
+
+def test_trio_aclose_before_any_timer() -> None:
+    import trio
+
+    async def main() -> None:
+        timers = Timers()
+        timers.bind()
+        await timers.aclose()
+        assert not timers.bound
+
+    trio.run(main)
+
+
+async def test_bind_after_aclose_does_nothing() -> None:
+    timers = Timers()
+    await timers.aclose()
+    timers.bind()
+    assert not timers.bound

@@ -1,0 +1,22 @@
+"""Fleet-wide limits on Redis (the optional extra ``redis``): one limit shared by every
+process of a fleet.
+
+``RedisFleetLimit`` is the configuration; ``FleetLimiter`` is one process's side of it
+(asyncio only), used standalone today and by the compartment once ``Policy(fleet=...)``
+is wired::
+
+    limiter = FleetLimiter(RedisFleetLimit("redis://127.0.0.1:6379/0", key="llm", limit=50))
+    lease = await limiter.acquire(budget=0.5)   # AcquireTimeout, FleetUnavailable
+    try:
+        ...                                      # the request
+    finally:
+        lease.release()                          # sync, idempotent, any thread
+    limiter.statistics()                         # FleetStats
+    await limiter.aclose()
+"""
+
+from ._exceptions import FleetUnavailable
+from ._fleet import FleetLimiter, Lease
+from ._fleet_config import FleetStats, RedisFleetLimit
+
+__all__ = ["FleetLimiter", "FleetStats", "FleetUnavailable", "Lease", "RedisFleetLimit"]
