@@ -880,3 +880,34 @@ TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(
     max_examples=MACHINE_EXAMPLES, stateful_step_count=60, deadline=None
 )
+
+
+def test_the_pool_tells_a_connection_when_it_starts_draining() -> None:
+    """``on_drain`` hears of every connection that takes no new request from now on: a
+    GOAWAY (``drain``) and a lifetime ended with requests in flight, each once."""
+    drained: list[object] = []
+    pool: Pool[object] = Pool(
+        max_connections=4,
+        max_idle=4,
+        idle_timeout=None,
+        max_lifetime=10.0,
+        lifetime_jitter=0.0,
+        may_multiplex=lambda origin: True,
+        on_drain=drained.append,
+    )
+    goaway, old = object(), object()
+    for conn in (goaway, old):
+        assert pool.checkout(B, 0, fresh=True)[0] is DIAL
+        entry: PoolEntry[object] = PoolEntry(B, conn)
+        pool.dialed(entry, 0, multiplexed=True)
+        pool.set_cap(entry, 2)
+        if conn is goaway:
+            first = entry
+        else:
+            second = entry
+    pool.drain(first)
+    pool.drain(first)  # again: already draining
+    assert drained == [goaway]
+    assert pool.checkout(B, 5)[0] is second  # second carries two now
+    pool.release(second, 11, reusable=True)  # past its lifetime, one still in flight
+    assert drained == [goaway, old] and second.draining and second.in_pool
