@@ -27,14 +27,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from httpx_bulkhead import BulkheadTransport, Policy
-from httpx_bulkhead._demo import (
-    CallRecord,
-    DemoConfig,
-    DemoServer,
-    _cancel,
-    saturate,
-    steady_calls,
-)
+from httpx_bulkhead._demo import DemoConfig, DemoServer
+from httpx_bulkhead._load import CallRecord, cancel_all, saturate, steady_calls
 from httpx_bulkhead.prometheus import BulkheadCollector
 
 HERE = Path(__file__).resolve().parent
@@ -106,11 +100,11 @@ async def run(config: DemoConfig) -> tuple[list[float], Series]:
                 records=records,
                 t0=t0,
             )
-            await _cancel(workers)
+            await cancel_all(workers)
             await asyncio.sleep(1.0)  # the drain on the plot
     finally:
         if sampling is not None:
-            await _cancel([sampling])
+            await cancel_all([sampling])
         await transport.aclose()
         await slow.aclose()
         await fast.aclose()

@@ -52,7 +52,7 @@ import h11
 import httpx
 
 from httpx_bulkhead import BulkheadTransport, Policy
-from httpx_bulkhead._demo import CallRecord, percentile, saturate, steady_calls
+from httpx_bulkhead._load import CallRecord, percentile, saturate, steady_calls
 
 __all__ = [
     "BULKHEAD",

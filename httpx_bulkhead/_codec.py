@@ -29,7 +29,7 @@ line and the trailer section (h11's ``max_incomplete_event_size`` is the same nu
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 import h11
 
@@ -38,15 +38,21 @@ __all__ = [
     "CLOSED",
     "END",
     "NEED_DATA",
+    "PARSERS",
     "PAUSED",
     "Codec",
     "CodecError",
+    "Event",
     "H11Codec",
     "Head",
     "Informational",
     "LocalCodecError",
+    "check_parser",
     "make_codec",
 ]
+
+#: The HTTP/1.1 parsers a codec can be made with (``http1_parser``).
+PARSERS = ("h11", "httptools")
 
 
 class _Sentinel:
@@ -76,6 +82,11 @@ class Informational(NamedTuple):
     status: int
 
 
+#: What ``Codec.next_event`` returns: a marker (``NEED_DATA``, ``END``, ``CLOSED``,
+#: ``PAUSED``), a response head, a 1xx, or body bytes.
+Event: TypeAlias = "_Sentinel | Head | Informational | bytes"
+
+
 class CodecError(Exception):
     """The peer sent something that is not valid HTTP/1.1."""
 
@@ -101,7 +112,7 @@ class Codec(Protocol):
         """Bytes from the peer; ``b""`` at end of stream."""
         ...
 
-    def next_event(self) -> Any: ...
+    def next_event(self) -> Event: ...
 
     @property
     def waiting_for_continue(self) -> bool:
@@ -124,13 +135,33 @@ class Codec(Protocol):
         ...
 
 
+def check_parser(parser: str) -> str:
+    """``parser`` (an ``http1_parser`` value), checked usable before any codec is made.
+
+    Raises:
+        ValueError: an unknown name, or ``"httptools"`` when it is not installed.
+    """
+    if parser not in PARSERS:
+        raise ValueError(f"http1_parser must be 'h11' or 'httptools', got {parser!r}")
+    if parser == "httptools":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "http1_parser='httptools' needs httptools: pip install 'httpx-bulkhead[fast]'"
+            ) from None
+    return parser
+
+
 def make_codec(name: str, max_head: int) -> Codec:
-    """A fresh codec: ``"h11"`` or ``"httptools"``."""
+    """A fresh codec: ``"h11"`` or ``"httptools"`` (anything else is a ``ValueError``)."""
+    if name == "h11":
+        return H11Codec(max_head)
     if name == "httptools":
         from ._httptools import HttptoolsCodec  # the optional dependency, when chosen
 
         return HttptoolsCodec(max_head)
-    return H11Codec(max_head)
+    raise ValueError(f"http1_parser must be 'h11' or 'httptools', got {name!r}")
 
 
 class H11Codec:
@@ -168,7 +199,7 @@ class H11Codec:
             self._eof = True
         self._h11.receive_data(data)
 
-    def next_event(self) -> Any:
+    def next_event(self) -> Event:
         try:
             event = self._h11.next_event()
         except h11.RemoteProtocolError as exc:

@@ -11,7 +11,7 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import httpx
 import idna
@@ -19,7 +19,10 @@ import idna
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
+    "DEFAULT_PORTS",
     "Group",
+    "HTTPVersions",
+    "Origin",
     "Policy",
     "RouteKey",
     "canonical_host",
@@ -157,7 +160,35 @@ class Policy:
         )
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+#: A connection's destination: ``(scheme, host, port)``.  Routing picks a compartment by it,
+#: the pool keeps connections by it.
+Origin: TypeAlias = tuple[str, str, int]
+
+
+class HTTPVersions:
+    """Which HTTP versions the transport speaks (its ``http1``, ``http2``, ``http1_parser``)."""
+
+    __slots__ = ("http1", "http1_parser", "http2")
+
+    def __init__(self, http1: bool, http2: bool, http1_parser: str = "h11") -> None:
+        self.http1 = http1
+        self.http2 = http2
+        self.http1_parser = http1_parser
+
+    def may_multiplex(self, origin: Origin) -> bool:
+        """HTTP/2 is possible by ALPN on https, or by prior knowledge on http when HTTP/1.1
+        is off (there is no h2c upgrade, as in httpx's default transport)."""
+        return self.http2 and (origin[0] == "https" or not self.http1)
+
+    def speaks_h2(self, origin: Origin, alpn: str | None) -> bool:
+        """Whether a connection to ``origin`` that negotiated ``alpn`` speaks HTTP/2."""
+        if origin[0] == "https":
+            return alpn == "h2"
+        return self.http2 and not self.http1
+
+
+#: The port of each scheme we speak, when a URL or route key has none.
+DEFAULT_PORTS = {"http": 80, "https": 443}
 #: A host name (or IPv4 address) after IDNA encoding: letters, digits, hyphens, dots, and
 #: the underscores some internal names carry.
 _HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
@@ -202,7 +233,7 @@ def parse_route_key(text: object) -> RouteKey:
     if "://" in rest:
         scheme, rest = rest.split("://", 1)
         scheme = scheme.lower()
-        if scheme not in _DEFAULT_PORTS:
+        if scheme not in DEFAULT_PORTS:
             raise ValueError(f"hosts key {text!r}: scheme must be http or https")
     authority, slash, path = rest.partition("/")
     prefix = _path_prefix(path, text) if slash else None
@@ -220,7 +251,7 @@ def parse_route_key(text: object) -> RouteKey:
     if wildcard and (":" in host or host.replace(".", "").isdigit()):
         raise ValueError(f"hosts key {text!r}: a wildcard cannot stand for part of an IP address")
     if port is None and scheme is not None:
-        port = _DEFAULT_PORTS[scheme]
+        port = DEFAULT_PORTS[scheme]
     return RouteKey(scheme, host, port, prefix, wildcard)
 
 

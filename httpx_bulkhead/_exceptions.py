@@ -33,7 +33,6 @@ import ssl
 from typing import Literal, NoReturn
 
 import anyio
-import h11
 import httpx
 
 __all__ = [
@@ -93,7 +92,8 @@ def raise_mapped(exc: BaseException, phase: Phase, request: httpx.Request) -> No
     """Re-raise ``exc`` as the httpx exception the default transport would raise.
 
     Args:
-        exc: the low-level exception (``OSError``, ``ssl.SSLError``, anyio, h11, ``TimeoutError``).
+        exc: the low-level exception (``OSError``, ``ssl.SSLError``, anyio, ``TimeoutError``;
+            protocol errors are turned into httpx ones by the codecs, not here).
         phase: what was being done: ``"connect"``, ``"write"`` or ``"read"``.
         request: attached to the raised exception.
 
@@ -105,10 +105,6 @@ def raise_mapped(exc: BaseException, phase: Phase, request: httpx.Request) -> No
     mapped: httpx.TransportError
     if isinstance(exc, TimeoutError):
         mapped = _TIMEOUTS[phase](f"{phase} timed out", request=request)
-    elif isinstance(exc, h11.RemoteProtocolError):
-        mapped = httpx.RemoteProtocolError(str(exc) or "protocol error", request=request)
-    elif isinstance(exc, h11.LocalProtocolError):
-        mapped = httpx.LocalProtocolError(str(exc) or "protocol error", request=request)
     elif isinstance(exc, anyio.EndOfStream):
         mapped = _ERRORS[phase]("connection closed by peer", request=request)
     elif isinstance(exc, ssl.SSLError | OSError | anyio.BrokenResourceError):

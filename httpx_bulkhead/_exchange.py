@@ -4,6 +4,8 @@ it, whatever the protocol: the seam between pool logic and HTTP/1.1 or HTTP/2 I/
 from __future__ import annotations
 
 import contextlib
+import enum
+import itertools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import NamedTuple, NoReturn, Protocol, TypeVar
@@ -12,7 +14,6 @@ import anyio
 import httpx
 
 from ._exceptions import Phase, RequestTimeout, raise_mapped
-from ._pool import Discard
 from ._streams import NetworkStream
 from ._trace import TraceFn, Tracer
 
@@ -26,12 +27,34 @@ __all__ = [
     "Refused",
     "ResponseHead",
     "Timeouts",
+    "Verdict",
     "body_chunks",
-    "discard_reason",
+    "cut_verdict",
     "is_disconnect",
+    "next_connection_id",
     "run_io",
     "run_waiting",
+    "went_stale",
 ]
+
+
+_ids = itertools.count(1)
+
+
+def next_connection_id() -> int:
+    """A process-wide number for a new connection (shown in logs and ExchangeInfo)."""
+    return next(_ids)
+
+
+class Verdict(enum.Enum):
+    """Why a connection may not serve another request, as its protocol sees it (the
+    compartment maps each to a discard reason of the pool)."""
+
+    UNKNOWN_STATE = "unknown_state"  # an exchange was cut mid-way (timeout, cancel, early close)
+    PEER_CLOSED = "peer_closed"  # the server closed it (seen idle, or on reuse)
+    BROKEN = "broken"  # a network or protocol error
+    NOT_REUSABLE = "not_reusable"  # the protocol says close (GOAWAY received: draining)
+    PING_TIMEOUT = "ping_timeout"  # an HTTP/2 health-check PING was not answered
 
 
 class ResponseHead(NamedTuple):
@@ -74,11 +97,11 @@ class ClosedEarly(Exception):
 class Timeouts:
     """Per-operation timeouts (httpx's ``read``/``write``) and the total deadline.
 
-    ``deadline`` is a ``time.monotonic()`` instant (``None``: none) set by
-    ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
+    ``deadline`` is an instant of ``clock`` (the compartment's; ``None``: no deadline) set
+    by ``Policy.request_timeout``; each operation waits at most until the earlier of the two.
     """
 
-    __slots__ = ("compartment", "deadline", "read", "request_timeout", "write")
+    __slots__ = ("clock", "compartment", "deadline", "read", "request_timeout", "write")
 
     def __init__(
         self,
@@ -87,7 +110,9 @@ class Timeouts:
         deadline: float | None,
         compartment: str = "",
         request_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self.read = read
         self.write = write
         self.deadline = deadline
@@ -108,7 +133,7 @@ class Timeouts:
         total deadline (rather than the operation's own timeout) is what bounds it."""
         if self.deadline is None:
             return op, False
-        left = self.deadline - time.monotonic()
+        left = self.deadline - self.clock()
         if op is None or left <= op:
             return max(left, 0.0), True
         return op, False
@@ -191,13 +216,13 @@ class Exchange(Protocol):
         """After the body was read: ``(connection reusable, Keep-Alive timeout hint)``."""
         ...
 
-    def cut(self, exc: BaseException) -> Discard | None:
+    def cut(self, exc: BaseException) -> Verdict | None:
         """The exchange was cut by ``exc``: settle its state without I/O (an HTTP/2 reset is
         queued, not sent).  Returns why the connection must be closed, or ``None`` when it
         stays usable (an HTTP/2 stream was reset: its state is known)."""
         ...
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
+    async def abandon(self, exc: BaseException) -> Verdict | None:
         """``cut``, then send what it queued."""
         ...
 
@@ -211,9 +236,11 @@ class Connection(Protocol):
     #: ``response.extensions["network_stream"]``: the connection, for inspection only.
     network_stream: NetworkStream
 
-    def start_exchange(self) -> Exchange: ...
+    def start_exchange(self, reused: bool) -> Exchange:
+        """A new exchange; ``reused``: the connection has served a request before."""
+        ...
 
-    async def check_reusable(self) -> Discard | None:
+    async def check_reusable(self) -> Verdict | None:
         """Before reuse after being idle: ``None`` if fine, else why to close it."""
         ...
 
@@ -224,15 +251,21 @@ class Connection(Protocol):
         ...
 
 
-def discard_reason(exc: BaseException, exchange: Exchange) -> Discard:
+def cut_verdict(exc: BaseException, exchange: Exchange) -> Verdict:
     """Why a connection whose exchange ended with ``exc`` is closed (HTTP/1.1: always)."""
     if not isinstance(exc, Exception) or isinstance(
         exc, httpx.TimeoutException | RequestTimeout | ClosedEarly
     ):
-        return Discard.UNKNOWN_STATE  # cut by cancellation, a timeout or an early close
-    if exchange.reused and not exchange.received_any and is_disconnect(exc):
-        return Discard.PEER_CLOSED
-    return Discard.ERROR
+        return Verdict.UNKNOWN_STATE  # cut by cancellation, a timeout or an early close
+    if went_stale(exc, exchange):
+        return Verdict.PEER_CLOSED
+    return Verdict.BROKEN
+
+
+def went_stale(exc: BaseException, exchange: Exchange) -> bool:
+    """The server closed a *reused* connection while it was idle: ``exc`` is a disconnect
+    before any response byte (the request may be sent again on a new connection)."""
+    return exchange.reused and not exchange.received_any and is_disconnect(exc)
 
 
 def is_disconnect(exc: BaseException) -> bool:

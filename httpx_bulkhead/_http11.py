@@ -10,7 +10,6 @@ both sides agreed to keep alive.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
@@ -24,16 +23,25 @@ from ._codec import (
     PAUSED,
     Codec,
     CodecError,
+    Event,
     Head,
     LocalCodecError,
     make_codec,
 )
-from ._exchange import ResponseHead, Timeouts, body_chunks, discard_reason, run_io
-from ._pool import Discard, Origin, PoolEntry
+from ._config import Origin
+from ._exchange import (
+    ResponseHead,
+    Timeouts,
+    Verdict,
+    body_chunks,
+    cut_verdict,
+    next_connection_id,
+    run_io,
+)
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer
 
-__all__ = ["HTTP11Connection", "next_connection_id"]
+__all__ = ["HTTP11Connection"]
 
 READ_SIZE = 65536
 #: In-memory request bodies up to this size are written together with the headers.
@@ -43,15 +51,8 @@ MAX_HEAD_SIZE = 64 * 1024
 #: How long to wait for ``100 Continue`` before sending the body anyway (RFC 9110 §10.1.1).
 EXPECT_CONTINUE_WAIT = 1.0
 
-_ids = itertools.count(1)
 
-
-def next_connection_id() -> int:
-    """A process-wide number for a new connection (shown in logs and ExchangeInfo)."""
-    return next(_ids)
-
-
-class HTTP11Connection(PoolEntry):
+class HTTP11Connection:
     """An HTTP/1.1 connection in a compartment's pool."""
 
     __slots__ = (
@@ -62,6 +63,7 @@ class HTTP11Connection(PoolEntry):
         "id",
         "keep_alive",
         "network_stream",
+        "origin",
         "received_any",
         "reused",
         "tracer",
@@ -69,7 +71,7 @@ class HTTP11Connection(PoolEntry):
     )
 
     def __init__(self, origin: Origin, stream: NetStream, parser: str = "h11") -> None:
-        super().__init__(origin)
+        self.origin = origin
         self.id = next_connection_id()
         self.reused = False
         self._stream = stream
@@ -83,27 +85,27 @@ class HTTP11Connection(PoolEntry):
         self.tracer: Tracer | None = None  # the current exchange's, when it is traced
 
     # -- the Connection protocol: one exchange at a time, the connection is the exchange ---
-    def start_exchange(self) -> HTTP11Connection:
-        self.reused = self.served > 1
+    def start_exchange(self, reused: bool) -> HTTP11Connection:
+        self.reused = reused
         self.received_any = self.wrote_any = self._reusable = False
         self._head_bytes = 0
         return self
 
-    async def check_reusable(self) -> Discard | None:
+    async def check_reusable(self) -> Verdict | None:
         """An idle connection must be silent: readable means the peer closed it or sent
         bytes nobody asked for."""
         if self._codec.has_trailing_data or self._stream.is_readable():
-            return Discard.PEER_CLOSED
+            return Verdict.PEER_CLOSED
         return None
 
     def completed(self) -> tuple[bool, float | None]:
         return self._reusable, self.keep_alive
 
-    def cut(self, exc: BaseException) -> Discard | None:
+    def cut(self, exc: BaseException) -> Verdict | None:
         """HTTP/1.1 has no way to cancel one exchange: the connection goes."""
-        return discard_reason(exc, self)
+        return cut_verdict(exc, self)
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
+    async def abandon(self, exc: BaseException) -> Verdict | None:
         return self.cut(exc)
 
     async def aclose(self) -> None:
@@ -286,7 +288,7 @@ class HTTP11Connection(PoolEntry):
         except httpx.TransportError:
             return None
 
-    def _next_event(self, request: httpx.Request) -> Any:
+    def _next_event(self, request: httpx.Request) -> Event:
         try:
             event = self._codec.next_event()
         except CodecError as exc:

@@ -66,7 +66,7 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import h2.config
@@ -77,19 +77,20 @@ import h2.exceptions
 import h2.settings
 import httpx
 
+from ._config import Origin
 from ._exchange import (
     Refused,
     ResponseHead,
     Timeouts,
+    Verdict,
     body_chunks,
-    discard_reason,
+    cut_verdict,
+    next_connection_id,
     run_io,
     run_waiting,
 )
 from ._h2frames import FrameSizeError, FrameSplitter
 from ._h2headers import request_headers, response_head
-from ._http11 import next_connection_id
-from ._pool import Discard, Origin, PoolEntry
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer, emit
 
@@ -122,7 +123,6 @@ IDLE_READ_BOUND = 0.1
 _INTERNAL = httpx.Request("GET", "http://internal.invalid/")
 _NO_TIMEOUTS = Timeouts(None, None, None)
 
-_ACTIVE = h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 
 
@@ -198,7 +198,7 @@ class ConnectionListener:
         del conn
 
 
-class HTTP2Connection(PoolEntry):
+class HTTP2Connection:
     """An HTTP/2 connection in a compartment's pool."""
 
     def __init__(
@@ -211,8 +211,10 @@ class HTTP2Connection(PoolEntry):
         ping_after: float | None,
         ping_timeout: float,
     ) -> None:
-        super().__init__(origin)
+        self.origin = origin
         self.id = next_connection_id()
+        self.cap = 1  # concurrent streams, as last reported (``on_cap``)
+        self.draining = False  # no new stream: GOAWAY, or the pool says so (lifetime)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = _H2Connection(config=config)
         self._net = stream
@@ -233,6 +235,7 @@ class HTTP2Connection(PoolEntry):
         self._ping_deadline = 0.0
         self._pong_waiters: dict[_Sleeper, None] = {}
         self._frames = FrameSplitter()
+        self._outbox = b""  # output taken from h2 (``pending_output``), not yet written
         self.last_frame_at = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------
@@ -249,31 +252,31 @@ class HTTP2Connection(PoolEntry):
         trace: TraceFn | None = request.extensions.get("trace")
         await emit(trace, "http2.send_connection_init.started", {"request": request})
         try:
-            await self._flush(request, Timeouts(None, timeout, None))
+            await self.flush(request, Timeouts(None, timeout, None))
         except httpx.TransportError as exc:
             await emit(trace, "http2.send_connection_init.failed", {"exception": exc})
             raise
         await emit(trace, "http2.send_connection_init.complete", {"return_value": None})
 
     # -- the Connection protocol -----------------------------------------------------------
-    def start_exchange(self) -> H2Stream:
-        return H2Stream(self, reused=self.served > 1)
+    def start_exchange(self, reused: bool) -> H2Stream:
+        return H2Stream(self, reused=reused)
 
-    async def check_reusable(self) -> Discard | None:
+    async def check_reusable(self) -> Verdict | None:
         """Process frames that arrived while idle (GOAWAY, SETTINGS, PING) and, if the
         connection has been silent for ``ping_after``, check it answers a PING."""
         if self._broken is not None:
-            return Discard.ERROR
+            return Verdict.BROKEN
         if not self._reading and self._net.is_readable():
             await self._read_once(IDLE_READ_BOUND)
         if self._broken is not None:
-            return Discard.PEER_CLOSED
+            return Verdict.PEER_CLOSED
         if self.draining:
-            return Discard.NOT_REUSABLE
+            return Verdict.NOT_REUSABLE
         silent = time.monotonic() - self.last_frame_at
         due = self._ping_after is not None and silent >= self._ping_after
         if (due or self._ping_payload is not None) and not await self._ping():
-            return Discard.PING_TIMEOUT
+            return Verdict.PING_TIMEOUT
         return None
 
     async def aclose(self) -> None:
@@ -294,10 +297,13 @@ class HTTP2Connection(PoolEntry):
 
     # -- writing -------------------------------------------------------------------------
     def pending_output(self) -> bool:
-        """Whether h2 has bytes queued (so a flush is needed)."""
-        return bool(getattr(self._h2, "_data_to_send", True))
+        """Whether output is queued (so a flush is needed).  h2's public API can only tell
+        by handing the bytes over: they wait in ``_outbox``, ahead of anything queued later."""
+        if not self._outbox:
+            self._outbox = self._h2.data_to_send()
+        return bool(self._outbox)
 
-    async def _flush(
+    async def flush(
         self, request: httpx.Request, timeouts: Timeouts, *, last_words: bool = False
     ) -> None:
         """Send what h2 has queued.  Shielded: a cancelled write would leave a partial frame
@@ -308,7 +314,8 @@ class HTTP2Connection(PoolEntry):
         the read that broke it, which carries h2's GOAWAY."""
         with anyio.CancelScope(shield=True):
             async with self._write_lock:
-                data = self._h2.data_to_send()
+                data = self._outbox + self._h2.data_to_send()
+                self._outbox = b""
                 if not data or (self._broken is not None and not last_words):
                     return
                 write_timeout = timeouts.write or MAX_SHIELDED_WRITE
@@ -322,7 +329,7 @@ class HTTP2Connection(PoolEntry):
         """Flush frames that serve no request in particular (resets, acks): a failure only
         breaks the connection, for its streams to report."""
         with contextlib.suppress(httpx.TransportError):
-            await self._flush(_INTERNAL, _NO_TIMEOUTS, last_words=last_words)
+            await self.flush(_INTERNAL, _NO_TIMEOUTS, last_words=last_words)
 
     # -- reading -------------------------------------------------------------------------
     async def wait_until(self, sleeper: _Sleeper, ready: Callable[[], bool]) -> None:
@@ -332,7 +339,7 @@ class HTTP2Connection(PoolEntry):
             httpx.TransportError: the connection broke.
         """
         while not ready():
-            self._raise_if_broken()
+            self.raise_if_broken()
             if self._reading:
                 sleeper.wakeup = anyio.Event()
                 self._sleepers[sleeper] = None
@@ -386,58 +393,72 @@ class HTTP2Connection(PoolEntry):
             self._goaway(goaway.last_stream_id)
 
     def _dispatch(self, event: h2.events.Event) -> None:
-        if isinstance(event, _ACTIVE):
-            stream = self._streams.get(event.stream_id)
-            if stream is None:  # a stream we reset: give the connection window back
-                if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
-                    self._ack(event.flow_controlled_length, event.stream_id)
+        """Hand ``event`` to its handler (``_HANDLERS``); events we do not act on (e.g.
+        trailers, our own SETTINGS acknowledged) are dropped."""
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_stream_event(
+        self, event: h2.events.ResponseReceived | h2.events.DataReceived | h2.events.StreamEnded
+    ) -> None:
+        """A response head, body data or the end of a response: queued for its stream."""
+        stream = self._streams.get(event.stream_id)
+        if stream is None:  # a stream we reset: give the connection window back
+            if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
+                self.ack(event.flow_controlled_length, event.stream_id)
+            return
+        if isinstance(event, h2.events.ResponseReceived):
+            if not self._response_received(stream, event):
                 return
-            if isinstance(event, h2.events.ResponseReceived):
-                if not self._response_received(stream, event):
-                    return
-            elif isinstance(event, h2.events.StreamEnded):
-                stream.remote_ended = True
-                if stream.sent_end:  # closed on both sides
-                    self._forget(stream)
-                else:  # the response is complete before the request: stop sending (§8.1)
-                    self._close_stream(stream)
-                    self._listener.on_reset(self)
-            stream.events.append(event)
-            self._wake(stream)
-        elif isinstance(event, h2.events.WindowUpdated):
-            if event.stream_id:
-                waiter = self._streams.get(event.stream_id)
-                if waiter is not None and waiter in self._window_waiters:
-                    self._wake(waiter)
-            else:
-                for waiter in list(self._window_waiters):
-                    self._wake(waiter)
-        elif isinstance(event, h2.events.StreamReset):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
-                self._forget(stream)
-                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
-                if refused and stream.head is None:
-                    stream.refused = True  # not processed (RFC 9113 §8.7): replayable
-                else:
-                    stream.received_any = True  # answered, with a reset: not a stale connection
-                    stream.error = f"stream reset by the server (error code {event.error_code})"
-                self._wake(stream)
-        elif isinstance(event, _BodyLengthMismatch):
-            self._stream_error(event.stream_id, event.message)
-        elif isinstance(event, h2.events.InformationalResponseReceived):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
-                stream.received_any = True  # 1xx: the response is still to come (§8.1)
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
-            self._settings_changed(event)
-        elif isinstance(event, h2.events.PingAckReceived):
-            if self._ping_payload is not None and event.ping_data == self._ping_payload:
-                self._ping_payload = None  # only our own 8 bytes answer it (§6.7)
-                for pong in list(self._pong_waiters):
-                    self._wake(pong)
-        elif isinstance(event, h2.events.ConnectionTerminated):  # pragma: no cover
-            self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
+        elif isinstance(event, h2.events.StreamEnded):
+            stream.remote_ended = True
+            if stream.sent_end:  # closed on both sides
+                self.forget(stream)
+            else:  # the response is complete before the request: stop sending (§8.1)
+                self._close_stream(stream)
+                self._listener.on_reset(self)
+        stream.events.append(event)
+        self._wake(stream)
+
+    def _on_window_updated(self, event: h2.events.WindowUpdated) -> None:
+        if event.stream_id:
+            waiter = self._streams.get(event.stream_id)
+            if waiter is not None and waiter in self._window_waiters:
+                self._wake(waiter)
+        else:
+            for waiter in list(self._window_waiters):
+                self._wake(waiter)
+
+    def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        self.forget(stream)
+        refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+        if refused and stream.head is None:
+            stream.refused = True  # not processed (RFC 9113 §8.7): replayable
+        else:
+            stream.received_any = True  # answered, with a reset: not a stale connection
+            stream.error = f"stream reset by the server (error code {event.error_code})"
+        self._wake(stream)
+
+    def _on_length_mismatch(self, event: _BodyLengthMismatch) -> None:
+        self._stream_error(event.stream_id, event.message)
+
+    def _on_informational(self, event: h2.events.InformationalResponseReceived) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is not None:
+            stream.received_any = True  # 1xx: the response is still to come (§8.1)
+
+    def _on_ping_ack(self, event: h2.events.PingAckReceived) -> None:
+        if self._ping_payload is not None and event.ping_data == self._ping_payload:
+            self._ping_payload = None  # only our own 8 bytes answer it (§6.7)
+            for pong in list(self._pong_waiters):
+                self._wake(pong)
+
+    def _on_terminated(self, event: h2.events.ConnectionTerminated) -> None:  # pragma: no cover
+        self._goaway(event.last_stream_id or 0)  # GOAWAYs are taken out before h2
 
     def _response_received(self, stream: H2Stream, event: h2.events.ResponseReceived) -> bool:
         """Keep the response head; False if it is malformed (the stream was failed)."""
@@ -465,7 +486,7 @@ class HTTP2Connection(PoolEntry):
                 else DEFAULT_PEER_STREAMS
             )
             ours = MAX_STREAMS if self._max_streams is None else self._max_streams
-            cap = min(peer, ours, MAX_STREAMS)
+            cap = self.cap = min(peer, ours, MAX_STREAMS)
             self._cover_streams(cap)
             self._listener.on_cap(self, cap)
         if codes.INITIAL_WINDOW_SIZE in changed:
@@ -502,14 +523,14 @@ class HTTP2Connection(PoolEntry):
         self._listener.on_reset(self)
         self._wake(stream)
 
-    def _forget(self, stream: H2Stream) -> None:
+    def forget(self, stream: H2Stream) -> None:
         """h2 has closed ``stream``."""
         self._streams.pop(stream.stream_id, None)
         stream.live = False
 
     def _close_stream(self, stream: H2Stream, code: int = _CANCEL) -> None:
         """Reset ``stream`` (the frame is queued) and forget it."""
-        self._forget(stream)
+        self.forget(stream)
         with contextlib.suppress(h2.exceptions.ProtocolError):  # closed or connection gone
             self._h2.reset_stream(stream.stream_id, code)
 
@@ -523,12 +544,12 @@ class HTTP2Connection(PoolEntry):
         for sleeper in list(self._sleepers):
             self._wake(sleeper)
 
-    def _raise_if_broken(self, request: httpx.Request = _INTERNAL) -> None:
+    def raise_if_broken(self, request: httpx.Request = _INTERNAL) -> None:
         if self._broken is not None:
             kind, message = self._broken
             raise kind(message, request=request)
 
-    def _ack(self, size: int, stream_id: int) -> None:
+    def ack(self, size: int, stream_id: int) -> None:
         # If the stream is already gone, h2 credits the connection window only.  Not on a
         # broken connection: h2 queues a connection-level WINDOW_UPDATE even after it has
         # closed the connection with a GOAWAY, and that frame could then follow the GOAWAY
@@ -537,6 +558,96 @@ class HTTP2Connection(PoolEntry):
             return
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.acknowledge_received_data(size, stream_id)
+
+    # -- what a stream asks of its connection (H2Stream's API) -----------------------------
+    async def ready_for_stream(self, request: httpx.Request) -> None:
+        """Before a new stream: wait for the verdict of a PING in flight, and check the
+        connection still takes streams.
+
+        Raises:
+            Refused: draining, or the PING went unanswered (nothing was sent: go elsewhere).
+            httpx.TransportError: the connection broke.
+        """
+        if self._ping_payload is not None and not await self._ping_verdict(PING_GRACE):
+            raise Refused()
+        self.raise_if_broken(request)
+        if self.draining:
+            raise Refused()
+
+    def open_stream(
+        self,
+        stream: H2Stream,
+        headers: list[tuple[bytes, bytes]],
+        end_stream: bool,
+        request: httpx.Request,
+    ) -> int:
+        """Queue the HEADERS of a new stream for ``stream``; returns its id.
+
+        Raises:
+            Refused: no stream available now (the peer lowered its cap, or stream ids ran
+                out: then the connection drains, as after a GOAWAY).
+            httpx.LocalProtocolError, httpx.TransportError.
+        """
+        h2c = self._h2
+        try:
+            stream_id = h2c.get_next_available_stream_id()
+            h2c.send_headers(stream_id, headers, end_stream=end_stream)
+        except h2.exceptions.TooManyStreamsError:
+            raise Refused() from None  # the peer lowered its cap after we were admitted
+        except h2.exceptions.NoAvailableStreamIDError:
+            self._listener.on_goaway(self)  # stream ids used up: drain, like a GOAWAY
+            raise Refused() from None
+        except h2.exceptions.ProtocolError as exc:
+            self._local_error(exc, request)
+        self._streams[stream_id] = stream
+        return stream_id
+
+    def send_data(self, stream_id: int, data: bytes, request: httpx.Request) -> bool:
+        """Queue DATA on the stream; False if the stream is closed (the upload stops)."""
+        try:
+            self._h2.send_data(stream_id, data)
+        except h2.exceptions.StreamClosedError:
+            return False
+        except h2.exceptions.ProtocolError as exc:
+            self._local_error(exc, request)
+        return True
+
+    def end_stream(self, stream_id: int, request: httpx.Request) -> bool:
+        """Queue END_STREAM on the stream; False if it is closed already."""
+        try:
+            self._h2.end_stream(stream_id)
+        except h2.exceptions.StreamClosedError:
+            return False
+        except h2.exceptions.ProtocolError as exc:
+            self._local_error(exc, request)
+        return True
+
+    def send_window(self, stream_id: int) -> int:
+        """Bytes the stream may send now, at most one frame (0 if h2 knows it no more)."""
+        h2c = self._h2
+        try:
+            window = h2c.local_flow_control_window(stream_id)
+        except h2.exceptions.ProtocolError:  # closed, or unknown to h2
+            return 0
+        return min(window, h2c.max_outbound_frame_size)
+
+    async def wait_for_window(self, stream: H2Stream, ready: Callable[[], bool]) -> None:
+        """``wait_until(ready)``, woken also by WINDOW_UPDATEs and window SETTINGS."""
+        self._window_waiters[stream] = None
+        try:
+            await self.wait_until(stream, ready)
+        finally:
+            self._window_waiters.pop(stream, None)
+
+    def reset(self, stream: H2Stream) -> None:
+        """We cut ``stream``: RST_STREAM CANCEL is queued, the compartment told."""
+        self._close_stream(stream)
+        self._listener.on_reset(self)
+
+    def _local_error(self, exc: h2.exceptions.ProtocolError, request: httpx.Request) -> NoReturn:
+        """h2 refused what we asked: the connection broke, or it is our own mistake."""
+        self.raise_if_broken(request)
+        raise httpx.LocalProtocolError(str(exc), request=request) from exc
 
     # -- the PING health check -----------------------------------------------------------
     async def _ping(self) -> bool:
@@ -551,7 +662,7 @@ class HTTP2Connection(PoolEntry):
             self._ping_payload = payload
             self._ping_deadline = time.monotonic() + self._ping_timeout
             try:
-                await self._flush(_INTERNAL, Timeouts(None, self._ping_timeout, None))
+                await self.flush(_INTERNAL, Timeouts(None, self._ping_timeout, None))
             except httpx.TransportError:
                 return False
         return await self._ping_verdict(0.0)
@@ -575,6 +686,22 @@ class HTTP2Connection(PoolEntry):
         if self._ping_payload is not None:  # nobody answered in time
             self._break(httpx.ReadTimeout, "PING not answered in time")
         return self._ping_payload is None and self._broken is None
+
+
+#: Which method of ``HTTP2Connection`` handles each h2 event (by exact type: h2's event
+#: classes do not subclass one another).
+_HANDLERS: dict[type[h2.events.Event], Callable[[HTTP2Connection, Any], None]] = {
+    h2.events.ResponseReceived: HTTP2Connection._on_stream_event,
+    h2.events.DataReceived: HTTP2Connection._on_stream_event,
+    h2.events.StreamEnded: HTTP2Connection._on_stream_event,
+    h2.events.WindowUpdated: HTTP2Connection._on_window_updated,
+    h2.events.StreamReset: HTTP2Connection._on_stream_reset,
+    _BodyLengthMismatch: HTTP2Connection._on_length_mismatch,
+    h2.events.InformationalResponseReceived: HTTP2Connection._on_informational,
+    h2.events.RemoteSettingsChanged: HTTP2Connection._settings_changed,
+    h2.events.PingAckReceived: HTTP2Connection._on_ping_ack,
+    h2.events.ConnectionTerminated: HTTP2Connection._on_terminated,
+}
 
 
 class H2Stream(_Sleeper):
@@ -622,28 +749,13 @@ class H2Stream(_Sleeper):
     async def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None
     ) -> ResponseHead:
-        conn, h2c = self.conn, self.conn._h2
-        if conn._ping_payload is not None and not await conn._ping_verdict(PING_GRACE):
-            raise Refused()  # nothing was sent on the dead connection: go elsewhere
+        conn = self.conn
+        await conn.ready_for_stream(request)
         headers = request_headers(request)
-        conn._raise_if_broken(request)
-        if conn.draining:
-            raise Refused()
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
         self.tracer = tracer = None if trace is None else Tracer(trace, "http2")
         self.head_request = request.method == "HEAD"
-        try:
-            self.stream_id = h2c.get_next_available_stream_id()
-            h2c.send_headers(self.stream_id, headers, end_stream=not has_body)
-        except h2.exceptions.TooManyStreamsError:
-            raise Refused() from None  # the peer lowered its cap after we were admitted
-        except h2.exceptions.NoAvailableStreamIDError:
-            conn._listener.on_goaway(conn)  # stream ids used up: drain, like a GOAWAY
-            raise Refused() from None
-        except h2.exceptions.ProtocolError as exc:
-            conn._raise_if_broken(request)
-            raise httpx.LocalProtocolError(str(exc), request=request) from exc
-        conn._streams[self.stream_id] = self
+        self.stream_id = conn.open_stream(self, headers, not has_body, request)
         self.live = True
         self.sent_end = not has_body
         if tracer is not None:  # (another task may flush our HEADERS during the callback)
@@ -651,7 +763,7 @@ class H2Stream(_Sleeper):
             tracer.stream_id = self.stream_id
             info = {"request": request, "stream_id": self.stream_id}
             await tracer.started("send_request_headers", info)
-        await conn._flush(request, timeouts)
+        await conn.flush(request, timeouts)
         self.wrote_any = True
         if tracer is not None:
             await tracer.complete("send_request_headers")
@@ -688,23 +800,19 @@ class H2Stream(_Sleeper):
             await self._wait_for_window(request, timeouts, self._can_end)
             if not self.live:
                 return
-        try:  # the whole body went: close our side cleanly, even if answered already
-            conn._h2.end_stream(self.stream_id)
-        except h2.exceptions.StreamClosedError:
+        # The whole body went: close our side cleanly, even if answered already.
+        if not conn.end_stream(self.stream_id, request):
             return
-        except h2.exceptions.ProtocolError as exc:
-            conn._raise_if_broken(request)
-            raise httpx.LocalProtocolError(str(exc), request=request) from exc
         self.sent_end = True
         if self.remote_ended:
-            conn._forget(self)
-        await conn._flush(request, timeouts)
+            conn.forget(self)
+        await conn.flush(request, timeouts)
 
     async def _send_chunk(
         self, data: memoryview, request: httpx.Request, timeouts: Timeouts
     ) -> bool:
         """Send ``data`` as flow control allows; False if the upload must stop."""
-        conn, h2c = self.conn, self.conn._h2
+        conn = self.conn
         while data:
             if self._stop_upload():
                 return False
@@ -713,14 +821,9 @@ class H2Stream(_Sleeper):
                 await self._wait_for_window(request, timeouts, self._can_send)
                 continue
             piece, data = data[:window], data[window:]
-            try:
-                h2c.send_data(self.stream_id, bytes(piece))
-            except h2.exceptions.StreamClosedError:
+            if not conn.send_data(self.stream_id, bytes(piece), request):
                 return False
-            except h2.exceptions.ProtocolError as exc:
-                conn._raise_if_broken(request)
-                raise httpx.LocalProtocolError(str(exc), request=request) from exc
-            await conn._flush(request, timeouts)
+            await conn.flush(request, timeouts)
         return True
 
     def _stop_upload(self) -> bool:
@@ -730,14 +833,8 @@ class H2Stream(_Sleeper):
     async def _wait_for_window(
         self, request: httpx.Request, timeouts: Timeouts, ready: Callable[[], bool]
     ) -> None:
-        conn = self.conn
-        conn._window_waiters[self] = None
-        try:
-            await run_waiting(
-                conn.wait_until(self, ready), "write", timeouts.write, request, timeouts
-            )
-        finally:
-            conn._window_waiters.pop(self, None)
+        waiting = self.conn.wait_for_window(self, ready)
+        await run_waiting(waiting, "write", timeouts.write, request, timeouts)
 
     def _can_send(self) -> bool:
         return self._window() > 0 or self._stop_upload()
@@ -746,12 +843,7 @@ class H2Stream(_Sleeper):
         return self._window() >= 0 or self._stop_upload()
 
     def _window(self) -> int:
-        h2c = self.conn._h2
-        try:
-            window = h2c.local_flow_control_window(self.stream_id)
-        except h2.exceptions.ProtocolError:  # closed, or unknown to h2
-            return 0
-        return min(window, h2c.max_outbound_frame_size)
+        return self.conn.send_window(self.stream_id)
 
     # -- receiving -----------------------------------------------------------------------
     async def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
@@ -763,9 +855,9 @@ class H2Stream(_Sleeper):
             event = await self._next_event(request, timeouts)
             if isinstance(event, h2.events.DataReceived):
                 if event.flow_controlled_length:
-                    self.conn._ack(event.flow_controlled_length, self.stream_id)
+                    self.conn.ack(event.flow_controlled_length, self.stream_id)
                     if self.conn.pending_output():
-                        await self.conn._flush(request, timeouts)
+                        await self.conn.flush(request, timeouts)
                 if event.data:
                     return bytes(event.data)
             elif isinstance(event, h2.events.StreamEnded):
@@ -786,7 +878,7 @@ class H2Stream(_Sleeper):
             if ready():
                 pass  # our outcome arrived with the failure: report that instead
             elif conn.broken:
-                conn._raise_if_broken(request)
+                conn.raise_if_broken(request)
             else:
                 raise exc
         if self.refused:
@@ -796,7 +888,7 @@ class H2Stream(_Sleeper):
             return self.events.popleft()
         if self.error is not None:
             raise httpx.RemoteProtocolError(self.error, request=request)
-        conn._raise_if_broken(request)
+        conn.raise_if_broken(request)
         raise AssertionError("woken with nothing to report")  # pragma: no cover
 
     def _ready(self) -> bool:
@@ -807,7 +899,7 @@ class H2Stream(_Sleeper):
         while self.events and not self.ended:
             event = self.events.popleft()
             if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
-                self.conn._ack(event.flow_controlled_length, self.stream_id)
+                self.conn.ack(event.flow_controlled_length, self.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
                 self.ended = True
         return self.ended
@@ -815,29 +907,28 @@ class H2Stream(_Sleeper):
     def completed(self) -> tuple[bool, float | None]:
         return not self.conn.broken, None
 
-    def cut(self, exc: BaseException) -> Discard | None:
+    def cut(self, exc: BaseException) -> Verdict | None:
         """Reset the stream (RFC 9113 §5.4.2; the frame is queued); the connection stays,
         unless it is broken."""
         conn = self.conn
         if conn.broken:
-            reason = discard_reason(exc, self)
-            return Discard.ERROR if reason is Discard.UNKNOWN_STATE else reason
+            verdict = cut_verdict(exc, self)
+            return Verdict.BROKEN if verdict is Verdict.UNKNOWN_STATE else verdict
         if self.stream_id and not self.ended:
             self.ended = True
             for event in self.events:  # return unread data's window
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
-                    conn._ack(event.flow_controlled_length, self.stream_id)
+                    conn.ack(event.flow_controlled_length, self.stream_id)
             self.events.clear()
             if self.live:
-                conn._close_stream(self)
-                conn._listener.on_reset(conn)
+                conn.reset(self)
         return None
 
-    async def abandon(self, exc: BaseException) -> Discard | None:
+    async def abandon(self, exc: BaseException) -> Verdict | None:
         reason = self.cut(exc)
         if reason is None and self.conn.pending_output():
             try:
-                await self.conn._flush(_INTERNAL, _NO_TIMEOUTS)
+                await self.conn.flush(_INTERNAL, _NO_TIMEOUTS)
             except httpx.TransportError:
-                return Discard.ERROR
+                return Verdict.BROKEN
         return reason

@@ -47,6 +47,7 @@ from ._codec import (
     END,
     NEED_DATA,
     CodecError,
+    Event,
     H11Codec,
     Head,
     Informational,
@@ -154,7 +155,7 @@ class HttptoolsCodec:
     def __init__(self, max_head: int) -> None:
         self._max_head = max_head
         self._parser: Any = httptools.HttpResponseParser(self)  # None: make a fresh one
-        self._events: deque[Any] = deque()
+        self._events: deque[Event | _Fail] = deque()  # parsed, not yet taken
         self._phase = _IDLE
         self._trailing = False
         # request side
@@ -403,12 +404,12 @@ class HttptoolsCodec:
         else:
             self._keep = False
 
-    def next_event(self) -> Any:
+    def next_event(self) -> Event:
         if self._events:  # never in the H11 phase
             event = self._events.popleft()
-            kind = type(event)
-            if kind is _Fail:
+            if isinstance(event, _Fail):
                 raise CodecError(event.message)
+            kind = type(event)
         elif self._phase is _H11:
             event = self._delegate().next_event()
             kind = type(event)

@@ -17,12 +17,13 @@ import anyio
 import anyio.abc
 import httpx
 
+from ._config import DEFAULT_PORTS
 from ._exceptions import raise_mapped
 from ._streams import AnyioStream, AsyncioStream, NetStream, NetworkStream, StreamProtocol
 from ._tls import TLSEngine
 from ._trace import TraceFn, emit
 
-__all__ = ["Connector", "Network", "SocketOption", "TraceFn", "emit", "set_alpn"]
+__all__ = ["Connector", "Network", "SocketOption", "set_alpn"]
 
 SocketOption: TypeAlias = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
@@ -91,7 +92,7 @@ class Connector:
     ) -> NetStream:
         url = request.url
         host = url.raw_host.decode("ascii")
-        port = url.port or (443 if url.scheme == "https" else 80)
+        port = url.port or DEFAULT_PORTS[url.scheme]
         sni = request.extensions.get("sni_hostname") or host
         asyncio_loop = _on_asyncio()
         stream: NetStream | None = None

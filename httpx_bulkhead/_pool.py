@@ -3,7 +3,10 @@
 Theory of operation
 -------------------
 Pure bookkeeping: no I/O, no clock (``now`` is an argument), no awaits.  The async shell
-dials, closes and reads; this module only decides.
+dials, closes and reads; this module only decides.  The pool is generic over an opaque
+connection type ``C``: a ``PoolEntry[C]`` *holds* its connection (``entry.conn``) beside what
+the pool knows of it, and the pool never looks inside.  The one thing it tells a
+connection is that it drains (``on_drain``), so the protocol refuses new streams on it.
 
 Connections carry requests: an HTTP/1.1 connection one at a time (``cap == 1``), an HTTP/2
 connection up to ``cap`` concurrent streams, where ``cap`` follows the peer's
@@ -42,24 +45,26 @@ import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
+
+from ._config import Origin
 
 __all__ = [
     "DIAL",
     "Discard",
     "Grant",
-    "Origin",
     "Pool",
     "PoolEntry",
     "PoolWaiter",
     "keep_alive_deadline",
 ]
 
-Origin: TypeAlias = tuple[str, str, int]
-
 #: Streams assumed for a multiplexed origin before its first SETTINGS frame: effectively
 #: "as many as wait", so a burst coalesces onto the first dial until the peer's cap is known.
 _UNKNOWN_CAP = 1 << 30
+
+#: The connection type a pool holds (opaque to it).
+C = TypeVar("C")
 
 
 class Discard(enum.Enum):
@@ -76,12 +81,13 @@ class Discard(enum.Enum):
     CLOSED = "closed"  # the transport was closed
 
 
-class PoolEntry:
-    """What the pool knows of a connection.  Connection classes inherit from it."""
+class PoolEntry(Generic[C]):
+    """What the pool knows of a connection, and the connection it holds (``conn``)."""
 
     __slots__ = (
         "active",
         "cap",
+        "conn",
         "draining",
         "expires_at",
         "idle_deadline",
@@ -92,8 +98,9 @@ class PoolEntry:
         "settled",
     )
 
-    def __init__(self, origin: Origin) -> None:
+    def __init__(self, origin: Origin, conn: C) -> None:
         self.origin = origin
+        self.conn = conn
         self.active = 0  # requests (streams) in flight on it
         self.cap = 1  # concurrent requests it may carry
         self.multiplexed = False  # HTTP/2
@@ -117,7 +124,7 @@ class _Dial:
 #: A grant: the caller may open a new connection (its place is reserved).
 DIAL = _Dial()
 
-Grant: TypeAlias = PoolEntry | _Dial
+Grant: TypeAlias = "PoolEntry[Any] | _Dial"
 
 
 class PoolWaiter:
@@ -185,7 +192,7 @@ class _Queue:
         return waiters
 
 
-class Pool:
+class Pool(Generic[C]):
     """Connections of one compartment.
 
     Args:
@@ -197,6 +204,7 @@ class Pool:
         may_multiplex: whether a new connection to an origin may turn out to be HTTP/2
             (then concurrent requests wait for its first dial instead of dialing each).
         rng: source of the jitter (tests pass a seeded one).
+        on_drain: told when a connection starts draining (takes no new request).
     """
 
     def __init__(
@@ -209,6 +217,7 @@ class Pool:
         lifetime_jitter: float,
         may_multiplex: Callable[[Origin], bool] = lambda origin: False,
         rng: random.Random | None = None,
+        on_drain: Callable[[C], None] = lambda conn: None,
     ) -> None:
         self.max_connections = max_connections
         self.max_idle = max_idle
@@ -217,10 +226,11 @@ class Pool:
         self.lifetime_jitter = lifetime_jitter
         self._may_multiplex = may_multiplex
         self._rng = rng or random.Random()
+        self._on_drain = on_drain
         self.total = 0
         self._now = -math.inf  # the latest time a caller told us: expiry checks in callbacks
-        self._available: dict[Origin, OrderedDict[PoolEntry, None]] = {}
-        self._lru: OrderedDict[PoolEntry, None] = OrderedDict()
+        self._available: dict[Origin, OrderedDict[PoolEntry[C], None]] = {}
+        self._lru: OrderedDict[PoolEntry[C], None] = OrderedDict()
         self._streams = _Queue()  # waiting for streams of their origin
         self._places = _Queue()  # waiting for a connection place
         self._dialing: dict[Origin, int] = {}
@@ -250,7 +260,7 @@ class Pool:
     # -- checkout ----------------------------------------------------------------------
     def checkout(
         self, origin: Origin, now: float, *, fresh: bool = False
-    ) -> tuple[Grant | None, list[PoolEntry]]:
+    ) -> tuple[Grant | None, list[PoolEntry[C]]]:
         """Pick a connection for a request to ``origin`` (a new one if ``fresh``).
 
         Returns ``(grant, to_close)``: ``grant`` is a connection (its ``active`` already
@@ -274,10 +284,10 @@ class Pool:
             return self._pick(origin, now, to_close), to_close
         return None, to_close
 
-    def wait(self, waiter: PoolWaiter) -> list[PoolEntry]:
+    def wait(self, waiter: PoolWaiter) -> list[PoolEntry[C]]:
         """Queue a request that got ``None`` from ``checkout``.  It may be granted at once;
         returns connections to close (idle ones evicted to make room)."""
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         if self._expects_streams(waiter.origin, self._streams.count(waiter.origin) + 1):
             waiter.for_streams = True
             self._streams.push(waiter)
@@ -286,12 +296,12 @@ class Pool:
             self._rebalance(waiter.origin, to_close)  # there may be room it can have at once
         return to_close
 
-    def cancel(self, waiter: PoolWaiter) -> list[PoolEntry]:
+    def cancel(self, waiter: PoolWaiter) -> list[PoolEntry[C]]:
         """The waiter gave up.  A grant it had not used yet is passed on.  Returns
         connections to close."""
         if waiter.grant is None:
             queue = self._streams if waiter.for_streams else self._places
-            to_close: list[PoolEntry] = []
+            to_close: list[PoolEntry[C]] = []
             if queue.remove(waiter):
                 self._rebalance(waiter.origin, to_close)
             return to_close
@@ -302,7 +312,9 @@ class Pool:
         return self.release(grant, math.nan, reusable=True)
 
     # -- dialing -----------------------------------------------------------------------
-    def dialed(self, entry: PoolEntry, now: float, *, multiplexed: bool = False) -> list[PoolEntry]:
+    def dialed(
+        self, entry: PoolEntry[C], now: float, *, multiplexed: bool = False
+    ) -> list[PoolEntry[C]]:
         """A reserved dial succeeded: ``entry`` is open and carries the dialer's request.
         Returns connections to close.
 
@@ -323,20 +335,20 @@ class Pool:
             jitter = self.lifetime_jitter * self._rng.random()
             entry.expires_at = now + self.max_lifetime * (1.0 - jitter)
         self._index(entry)
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         self._rebalance(origin, to_close)
         return to_close
 
-    def dial_failed(self, origin: Origin) -> list[PoolEntry]:
+    def dial_failed(self, origin: Origin) -> list[PoolEntry[C]]:
         """A reserved dial failed: free its place (or hand it to the head waiter).
         Returns connections to close."""
         self._dialing[origin] -= 1
         self.total -= 1
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         self._rebalance(origin, to_close)
         return to_close
 
-    def set_cap(self, entry: PoolEntry, cap: int) -> list[PoolEntry]:
+    def set_cap(self, entry: PoolEntry[C], cap: int) -> list[PoolEntry[C]]:
         """The peer changed how many concurrent streams ``entry`` may carry.  Lowering lets
         streams in flight finish; raising hands the new room to waiters at once."""
         entry.cap = cap
@@ -345,31 +357,31 @@ class Pool:
         self._cap[entry.origin] = cap
         self._settle(entry)
         self._index(entry)
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         self._rebalance(entry.origin, to_close)
         return to_close
 
-    def drain(self, entry: PoolEntry) -> list[PoolEntry]:
+    def drain(self, entry: PoolEntry[C]) -> list[PoolEntry[C]]:
         """No new request on ``entry`` (GOAWAY): closed once idle.  Returns it if idle."""
         if not entry.in_pool or entry.draining:
             return []
-        entry.draining = True
+        self._drain(entry)
         if entry.active == 0:
             return self.discard(entry, Discard.NOT_REUSABLE)
         self._index(entry)
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         self._rebalance(entry.origin, to_close)
         return to_close
 
     # -- release -----------------------------------------------------------------------
     def release(
         self,
-        entry: PoolEntry,
+        entry: PoolEntry[C],
         now: float,
         *,
         reusable: bool,
         keep_alive: float | None = None,
-    ) -> list[PoolEntry]:
+    ) -> list[PoolEntry[C]]:
         """A request finished with ``entry``.  Returns connections to close (maybe it).
 
         Args:
@@ -384,8 +396,8 @@ class Pool:
         entry.active -= 1
         if not reusable:
             return self.discard(entry, Discard.NOT_REUSABLE)
-        if entry.expires_at <= now:  # past its lifetime: no new request on it
-            entry.draining = True
+        if entry.expires_at <= now and not entry.draining:  # past its lifetime: no new request
+            self._drain(entry)
         if entry.active == 0:
             if entry.draining:
                 reason = Discard.LIFETIME_EXPIRED if entry.expires_at <= now else None
@@ -394,7 +406,7 @@ class Pool:
                 idle_for = keep_alive_deadline(self.idle_timeout, keep_alive)
                 entry.idle_deadline = now + idle_for
         self._index(entry)
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         self._rebalance(entry.origin, to_close)
         expired = entry.idle_deadline <= now
         if entry.in_pool and entry.active == 0 and (expired or len(self._lru) > self.max_idle):
@@ -402,7 +414,7 @@ class Pool:
             to_close.extend(self.discard(entry, reason))
         return to_close
 
-    def discard(self, entry: PoolEntry, reason: Discard) -> list[PoolEntry]:
+    def discard(self, entry: PoolEntry[C], reason: Discard) -> list[PoolEntry[C]]:
         """Close ``entry`` (in use or idle) for ``reason``; its place goes to a waiter."""
         if not entry.in_pool:
             return [entry]
@@ -412,11 +424,11 @@ class Pool:
         self._rebalance(entry.origin, to_close)
         return to_close
 
-    def sweep(self, now: float) -> list[PoolEntry]:
+    def sweep(self, now: float) -> list[PoolEntry[C]]:
         """Take every idle connection past its idle deadline or lifetime out of the pool
         (returned, to be closed) and make ``next_due`` exact.  O(idle connections)."""
         self._now = now
-        to_close: list[PoolEntry] = []
+        to_close: list[PoolEntry[C]] = []
         due = math.inf
         for entry in list(self._lru):
             reason = self._expired(entry, now)
@@ -432,7 +444,7 @@ class Pool:
                 self._rebalance(origin, to_close)  # freed places go to waiters
         return to_close
 
-    def close(self) -> tuple[list[PoolEntry], list[PoolWaiter]]:
+    def close(self) -> tuple[list[PoolEntry[C]], list[PoolWaiter]]:
         """Forget every idle connection and waiter: returns the connections to close and
         the waiters to wake (with no grant).  No dial is allowed afterwards."""
         self.max_connections = 0
@@ -443,7 +455,9 @@ class Pool:
         return closing, self._streams.drain() + self._places.drain()
 
     # -- internals ---------------------------------------------------------------------
-    def _pick(self, origin: Origin, now: float, to_close: list[PoolEntry]) -> PoolEntry | None:
+    def _pick(
+        self, origin: Origin, now: float, to_close: list[PoolEntry[C]]
+    ) -> PoolEntry[C] | None:
         available = self._available.get(origin)
         while available:
             entry = next(reversed(available))
@@ -455,19 +469,19 @@ class Pool:
                     to_close.append(entry)
                     continue
             elif entry.expires_at <= now:  # multiplexed, past its lifetime: drain it
-                entry.draining = True
+                self._drain(entry)
                 self._index(entry)
                 continue
             self._take(entry)
             return entry
         return None
 
-    def _take(self, entry: PoolEntry) -> None:
+    def _take(self, entry: PoolEntry[C]) -> None:
         entry.active += 1
         entry.served += 1
         self._index(entry)
 
-    def _index(self, entry: PoolEntry) -> None:
+    def _index(self, entry: PoolEntry[C]) -> None:
         """Put ``entry`` in exactly the structures its state calls for."""
         available = self._available.setdefault(entry.origin, OrderedDict())
         if entry.spare > 0:
@@ -486,7 +500,7 @@ class Pool:
         else:
             self._lru.pop(entry, None)
 
-    def _unindex(self, entry: PoolEntry) -> None:
+    def _unindex(self, entry: PoolEntry[C]) -> None:
         available = self._available.get(entry.origin)
         if available is not None:
             available.pop(entry, None)
@@ -504,7 +518,7 @@ class Pool:
         coming = self._dialing.get(origin, 0) + self._unsettled.get(origin, 0)
         return waiting <= coming * (max(1, self._cap.get(origin, _UNKNOWN_CAP)) - 1)
 
-    def _reserve_place(self, origin: Origin, to_close: list[PoolEntry]) -> bool:
+    def _reserve_place(self, origin: Origin, to_close: list[PoolEntry[C]]) -> bool:
         if self.total >= self.max_connections:
             if not self._lru or self.max_connections == 0:
                 return False
@@ -518,7 +532,7 @@ class Pool:
             self.scale_outs += 1  # its multiplexed connections are all at their cap
         return True
 
-    def _rebalance(self, origin: Origin, to_close: list[PoolEntry]) -> None:
+    def _rebalance(self, origin: Origin, to_close: list[PoolEntry[C]]) -> None:
         """Hand whatever is free to the waiters that can use it, head first."""
         # 1. Spare capacity of this origin's connections: its waiters, streams first.
         while self._streams.count(origin) or self._places.count(origin):
@@ -571,19 +585,23 @@ class Pool:
             waiter.for_streams = True
             self._streams.push(waiter)
 
+    def _drain(self, entry: PoolEntry[C]) -> None:
+        entry.draining = True
+        self._on_drain(entry.conn)
+
     def _grant(self, waiter: PoolWaiter, grant: Grant) -> None:
         waiter.grant = grant
         waiter.wake()
 
-    def _expired(self, entry: PoolEntry, now: float) -> Discard | None:
+    def _expired(self, entry: PoolEntry[C], now: float) -> Discard | None:
         if entry.expires_at <= now:
             return Discard.LIFETIME_EXPIRED
         if entry.idle_deadline <= now:
             return Discard.IDLE_EXPIRED
         return None
 
-    def _prune(self, now: float) -> list[PoolEntry]:
-        pruned: list[PoolEntry] = []
+    def _prune(self, now: float) -> list[PoolEntry[C]]:
+        pruned: list[PoolEntry[C]] = []
         while self._lru:
             oldest = next(iter(self._lru))
             reason = self._expired(oldest, now)
@@ -594,12 +612,12 @@ class Pool:
             pruned.append(oldest)
         return pruned
 
-    def _settle(self, entry: PoolEntry) -> None:
+    def _settle(self, entry: PoolEntry[C]) -> None:
         if not entry.settled:
             entry.settled = True
             self._unsettled[entry.origin] -= 1
 
-    def _drop(self, entry: PoolEntry, reason: Discard) -> None:
+    def _drop(self, entry: PoolEntry[C], reason: Discard) -> None:
         self._settle(entry)
         entry.in_pool = False
         self.total -= 1

@@ -15,16 +15,20 @@ collector may run in any thread): ``__del__`` only hands the work over.
 from __future__ import annotations
 
 import contextlib
-import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING
 
 import httpx
 
-from ._compartment import Compartment, Outcome
-from ._exchange import ClosedEarly, Connection, Exchange, Timeouts
+from ._exchange import ClosedEarly, Exchange, Timeouts
+from ._stats import CANCELLED, COMPLETED, FAILED
 from ._timers import TimerHandle
+
+if TYPE_CHECKING:
+    from ._compartment import Compartment
+    from ._connections import Lease
 
 __all__ = ["ResponseStream"]
 
@@ -35,13 +39,13 @@ class ResponseStream(httpx.AsyncByteStream):
     def __init__(
         self,
         compartment: Compartment,
-        conn: Connection,
+        lease: Lease,
         exchange: Exchange,
         request: httpx.Request,
         timeouts: Timeouts,
     ) -> None:
         self._compartment = compartment
-        self._conn = conn
+        self._lease = lease
         self._exchange = exchange
         self._request = request
         self._timeouts = timeouts
@@ -52,7 +56,7 @@ class ResponseStream(httpx.AsyncByteStream):
         deadline = timeouts.deadline
         if deadline is not None:
             self._timer = compartment.timers.call_later(
-                deadline - time.monotonic(), _expire_later(self)
+                deadline - timeouts.clock(), _expire_later(self)
             )
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -70,7 +74,7 @@ class ResponseStream(httpx.AsyncByteStream):
         deadline = self._timeouts.deadline
         self._reading = True
         try:
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and self._timeouts.clock() >= deadline:
                 raise self._timeouts.expired("while reading the response body", self._request)
             chunk = await self._exchange.receive_body(self._request, self._timeouts)
         except BaseException as exc:
@@ -101,9 +105,7 @@ class ResponseStream(httpx.AsyncByteStream):
             return None
         self._finished = True
         self._error = self._timeouts.expired("while the response was held unread", self._request)
-        return self._compartment.end_abandoned(
-            self._conn, self._exchange, self._error, Outcome.FAILED
-        )
+        return self._compartment.end_abandoned(self._lease, self._exchange, self._error, FAILED)
 
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
@@ -111,10 +113,10 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished:
             return
         self._finished = True
-        compartment, conn, exchange = self._compartment, self._conn, self._exchange
+        compartment, lease, exchange = self._compartment, self._lease, self._exchange
 
         def end() -> Awaitable[None] | None:
-            return compartment.end_abandoned(conn, exchange, ClosedEarly(), Outcome.CANCELLED)
+            return compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
 
         try:
             # Warned first: whoever waits for the slot runs only after the hand-off.
@@ -139,14 +141,14 @@ class ResponseStream(httpx.AsyncByteStream):
             self._timer.cancel()
             self._timer = None
         try:
-            await self._compartment.end_exchange(self._conn, self._exchange, exc)
+            await self._compartment.end_exchange(self._lease, self._exchange, exc)
         finally:
             if exc is None:
-                outcome = Outcome.COMPLETED
+                outcome = COMPLETED
             elif isinstance(exc, Exception) and not isinstance(exc, ClosedEarly):
-                outcome = Outcome.FAILED
+                outcome = FAILED
             else:
-                outcome = Outcome.CANCELLED
+                outcome = CANCELLED
             self._compartment.release(outcome)
 
 

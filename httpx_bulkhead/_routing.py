@@ -30,8 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
-from ._config import Group, Policy, RouteKey, canonical_host, parse_route_key
-from ._pool import Origin
+from ._config import Group, Origin, Policy, RouteKey, canonical_host, parse_route_key
 
 __all__ = ["EVICTION_PROBES", "MAX_CACHED_ORIGINS", "Router"]
 

@@ -12,24 +12,25 @@ from typing import NoReturn
 
 import httpx
 
-from ._compartment import Compartment, Outcome, Protocols
-from ._config import Group, Policy
-from ._exceptions import AcquireTimeout, TransportClosed
-from ._exchange import Timeouts
+from ._codec import check_parser
+from ._compartment import Compartment
+from ._config import DEFAULT_PORTS, Group, HTTPVersions, Origin, Policy
+from ._exceptions import TransportClosed
 from ._network import Connector, Network, SocketOption, set_alpn
-from ._response import ResponseStream
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
-from ._stats import EVICTED, CompartmentStats, ExchangeInfo, fold_evicted
+from ._stats import EVICTED, CompartmentStats, fold_evicted
 from ._timers import Timers
 
 __all__ = ["BulkheadTransport"]
 
-_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+#: ``DEFAULT_PORTS`` by raw (bytes) scheme, as the URL gives it without decoding.
+_DEFAULT_PORTS = {scheme.encode("ascii"): port for scheme, port in DEFAULT_PORTS.items()}
 _modules = sys.modules
 
 #: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
 DEFAULT_HTTP1_PARSER = "h11"
+
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
 #: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
@@ -110,34 +111,12 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         _clock: Callable[[], float] = time.monotonic,
         _rng: random.Random | None = None,
     ) -> None:
-        if default is not None and limits is not None:
-            raise TypeError("give either default= or limits=, not both")
-        if default is None:
-            default = Policy() if limits is None else Policy.from_limits(limits)
-        elif not isinstance(default, Policy):
-            raise TypeError(f"default must be a Policy, got {type(default).__name__}")
-        if not (http1 or http2):
-            raise ValueError("http1 and http2 are both False: no HTTP version left to speak")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        bound = max_default_compartments
-        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
-            raise TypeError(f"max_default_compartments must be an int or None, got {bound!r}")
-        if bound is not None and bound < 1:
-            raise ValueError(f"max_default_compartments must be >= 1, got {bound!r}")
+        default = _default_policy(default, limits)
+        _check(http1, http2, retries, max_default_compartments)
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
-        parser = DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser
-        if parser not in ("h11", "httptools"):
-            raise ValueError(f"http1_parser must be 'h11' or 'httptools', got {parser!r}")
-        if parser == "httptools":
-            try:
-                import httptools  # noqa: F401
-            except ImportError:
-                raise ValueError(
-                    "http1_parser='httptools' needs httptools: pip install 'httpx-bulkhead[fast]'"
-                ) from None
-        self._protocols = Protocols(http1=http1, http2=http2, http1_parser=parser)
+        parser = check_parser(DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser)
+        self._versions = HTTPVersions(http1=http1, http2=http2, http1_parser=parser)
         self._connector: Network = network or Connector(
             ssl_context=context,
             local_address=local_address,
@@ -154,7 +133,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             hosts or {},
             default,
             self._compartment,
-            max_default=bound,
+            max_default=max_default_compartments,
             at_rest=Compartment.at_rest,
             uses=lambda compartment: compartment.uses,
         )
@@ -165,7 +144,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             name,
             policy,
             self._connector,
-            self._protocols,
+            self._versions,
             timers=self._timers,
             clock=self._clock,
             rng=self._rng,
@@ -187,78 +166,12 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         if self._unbound:  # the first request: remember the loop that owns the transport
             self._timers.bind()
             self._unbound = not self._timers.bound
-        url = request.url
-        scheme = url.raw_scheme
-        if scheme not in _DEFAULT_PORTS:
-            raise httpx.UnsupportedProtocol(
-                f"Request URL has an unsupported protocol '{url.scheme}://'.", request=request
-            )
-        if not url.raw_host:
-            raise httpx.UnsupportedProtocol("Request URL is missing a host.", request=request)
-        origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        origin = _origin(request)
         router = self._router
-        compartment = router.route(origin, url.path)
+        compartment = router.route(origin, request.url.path)
         if router.retired:
             await self._retire()
-        policy = compartment.policy
-
-        timeout = request.extensions.get("timeout") or {}
-        started = time.monotonic()
-        budget = _shorter(timeout.get("pool"), policy.acquire_timeout)
-        try:
-            waited = await compartment.acquire(budget, request)
-        except AcquireTimeout:
-            compartment.record_wait(time.monotonic() - started)  # failed waits count too
-            raise
-        try:
-            acquire_deadline = None if budget is None else started + budget
-            deadline = None
-            if policy.request_timeout is not None:
-                deadline = time.monotonic() + policy.request_timeout
-            timeouts = Timeouts(
-                timeout.get("read"),
-                timeout.get("write"),
-                deadline,
-                compartment.name,
-                policy.request_timeout,
-            )
-            conn, exchange, head, retried, conn_wait = await compartment.send(
-                request,
-                origin,
-                acquire_deadline=acquire_deadline,
-                timeouts=timeouts,
-                connect_timeout=timeout.get("connect"),
-            )
-        except BaseException as exc:
-            if isinstance(exc, AcquireTimeout):
-                compartment.record_wait(time.monotonic() - started)
-            compartment.release(Outcome.FAILED if isinstance(exc, Exception) else Outcome.CANCELLED)
-            raise
-        # From here the response stream owns the slot and the exchange.
-        stream = ResponseStream(compartment, conn, exchange, request, timeouts)
-        try:
-            queue_wait = waited + conn_wait
-            compartment.record_wait(queue_wait)
-            extensions = {
-                "http_version": head.http_version,
-                "reason_phrase": head.reason,
-                "bulkhead": ExchangeInfo(
-                    compartment=compartment.name,
-                    queue_wait=queue_wait,
-                    reused=exchange.reused,
-                    retried=retried,
-                    connection_id=conn.id,
-                ),
-                "network_stream": conn.network_stream,
-            }
-            if head.stream_id is not None:
-                extensions["stream_id"] = head.stream_id
-            return httpx.Response(
-                status_code=head.status, headers=head.headers, stream=stream, extensions=extensions
-            )
-        except BaseException as exc:
-            await stream.fail(exc)
-            raise
+        return await compartment.handle(request, origin)
 
     async def _retire(self) -> None:
         """Close what the router evicted and keep its counters."""
@@ -324,9 +237,35 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
 
 
-def _shorter(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
+def _default_policy(default: Policy | None, limits: httpx.Limits | None) -> Policy:
+    if default is not None and limits is not None:
+        raise TypeError("give either default= or limits=, not both")
+    if default is None:
+        return Policy() if limits is None else Policy.from_limits(limits)
+    if not isinstance(default, Policy):
+        raise TypeError(f"default must be a Policy, got {type(default).__name__}")
+    return default
+
+
+def _check(http1: bool, http2: bool, retries: int, bound: int | None) -> None:
+    if not (http1 or http2):
+        raise ValueError("http1 and http2 are both False: no HTTP version left to speak")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+        raise TypeError(f"max_default_compartments must be an int or None, got {bound!r}")
+    if bound is not None and bound < 1:
+        raise ValueError(f"max_default_compartments must be >= 1, got {bound!r}")
+
+
+def _origin(request: httpx.Request) -> Origin:
+    """``(scheme, host, port)`` of the request's URL, the scheme's default port filled in."""
+    url = request.url
+    scheme = url.raw_scheme
+    if scheme not in _DEFAULT_PORTS:
+        raise httpx.UnsupportedProtocol(
+            f"Request URL has an unsupported protocol '{url.scheme}://'.", request=request
+        )
+    if not url.raw_host:
+        raise httpx.UnsupportedProtocol("Request URL is missing a host.", request=request)
+    return (url.scheme, url.host, url.port or _DEFAULT_PORTS[scheme])

@@ -35,7 +35,7 @@ import anyio
 import h11
 import httpx
 
-from ._network import TraceFn
+from ._trace import TraceFn
 
 __all__ = ["Handler", "MockNetwork"]
 

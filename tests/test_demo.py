@@ -17,7 +17,6 @@ import pytest
 from httpx_bulkhead import BulkheadTransport
 from httpx_bulkhead._demo import (
     LEGEND,
-    CallRecord,
     DemoConfig,
     DemoServer,
     RunResult,
@@ -26,6 +25,7 @@ from httpx_bulkhead._demo import (
     run_demo,
     slow_host_note,
 )
+from httpx_bulkhead._load import CallRecord
 from httpx_bulkhead.testing import MockNetwork
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 import httpx_bulkhead
-from httpx_bulkhead._network import Connector, TraceFn, set_alpn
+from httpx_bulkhead._network import Connector, set_alpn
 from httpx_bulkhead._streams import NetStream
+from httpx_bulkhead._trace import TraceFn
 from tests.servers import HypercornServer, ServerTLS, session_ca
 from tests.servers.asgi import Receive, Scope, Send
 

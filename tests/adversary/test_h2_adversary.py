@@ -301,8 +301,17 @@ async def run_calls(schedule: Schedule, client: httpx.AsyncClient, url: str) -> 
 def h2_connections(transport: BulkheadTransport) -> list[HTTP2Connection]:
     conns = []
     for compartment in transport._router.compartments.values():
-        conns += [c for c in compartment._connections if isinstance(c, HTTP2Connection)]
+        conns += [c for c in compartment.connections.open if isinstance(c, HTTP2Connection)]
     return conns
+
+
+def pool_active(transport: BulkheadTransport, conn: HTTP2Connection) -> int:
+    """Requests the pool counts on ``conn`` (its lease's ``active``)."""
+    for compartment in transport._router.compartments.values():
+        lease = compartment.connections.open.get(conn)
+        if lease is not None:
+            return lease.active
+    return 0
 
 
 def check_books(schedule: Schedule, transport: BulkheadTransport) -> None:
@@ -317,10 +326,11 @@ def check_books(schedule: Schedule, transport: BulkheadTransport) -> None:
         if conn.broken:
             continue
         h2_open = conn._h2.open_outbound_streams
-        if (h2_open, conn.open_streams, conn.active) != (0, 0, 0):
+        active = pool_active(transport, conn)
+        if (h2_open, conn.open_streams, active) != (0, 0, 0):
             schedule.fail(
                 f"connection {conn.id}: h2 counts {h2_open} open, we {conn.open_streams}, "
-                f"the pool {conn.active}"
+                f"the pool {active}"
             )
         left = (
             getattr(conn._frames, "checking", 0),  # (getattr: the adversary also runs

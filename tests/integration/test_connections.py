@@ -14,6 +14,7 @@ from httpx_bulkhead import (
     AcquireTimeout,
     BulkheadTransport,
     Policy,
+    RequestTimeout,
     TransportClosed,
 )
 from tests.conftest import until
@@ -281,6 +282,22 @@ async def test_unclosed_response_is_reported_and_its_slot_returned(
         assert (await client.get(f"{server.url}/")).text == "hello"
 
 
+async def test_one_clock_drives_the_request_deadline_too(server: HypercornServer) -> None:
+    """The clock injected into the transport bounds ``request_timeout`` as it bounds the
+    pool's expiry: a deadline passed on that clock ends the exchange, with no real wait."""
+    clock = FakeClock()
+    transport = BulkheadTransport(default=Policy(request_timeout=30.0), _clock=clock)
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client.stream("GET", f"{server.url}/stream/64") as response:
+            assert response.status_code == 200
+            clock.now += 31.0  # past the deadline on the transport's clock
+            with pytest.raises(RequestTimeout, match="while reading the response body"):
+                await response.aread()
+        assert (await client.get(f"{server.url}/")).text == "hello"
+    stats = transport.statistics()[server.url]
+    assert stats.failed == 1 and stats.completed == 1 and stats.running == 0
+
+
 async def test_streamed_body_is_never_retried_on_a_stale_connection() -> None:
     """Idempotent, but the body was a stream (consumed by the first attempt): it cannot be
     sent again, so the stale connection's failure is the answer."""
@@ -422,7 +439,7 @@ async def test_a_failure_while_building_the_response_returns_the_slot(
     server: HypercornServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fault injection: the response object cannot be built (here: its extension raises)."""
-    import httpx_bulkhead._transport as transport_module
+    import httpx_bulkhead._compartment as compartment_module
 
     def broken(**kwargs: object) -> None:
         raise RuntimeError("cannot build the response")
@@ -431,7 +448,7 @@ async def test_a_failure_while_building_the_response_returns_the_slot(
     name = server.url
     async with httpx.AsyncClient(transport=transport, timeout=10) as client:
         with monkeypatch.context() as patch:
-            patch.setattr(transport_module, "ExchangeInfo", broken)
+            patch.setattr(compartment_module, "ExchangeInfo", broken)
             with pytest.raises(RuntimeError, match="cannot build"):
                 await client.get(f"{server.url}/")
         stats = transport.statistics()[name]

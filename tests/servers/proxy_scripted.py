@@ -18,10 +18,16 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Literal
 
-from .raw import DEFAULT_TIMEOUT, LOCALHOST, RawConn, RawServer, response_bytes, run_blocking
+from .raw import (
+    DEFAULT_TIMEOUT,
+    LOCALHOST,
+    RawBacked,
+    RawConn,
+    response_bytes,
+    run_blocking,
+)
 
 __all__ = [
     "ALLOWED_HOSTS",
@@ -302,7 +308,7 @@ def _socks_reply(code: int, host: str = "0.0.0.0", port: int = 0) -> bytes:
     return b"\x05" + bytes([code]) + b"\x00\x01" + socket.inet_aton(host) + struct.pack("!H", port)
 
 
-class ProxyEgress:
+class ProxyEgress(RawBacked):
     """Our SOCKS5 server (RFC 1928, ``CONNECT`` only): the way out of the real proxies, and
     the only one; also a SOCKS5 proxy to test against directly, with faults.
 
@@ -319,37 +325,15 @@ class ProxyEgress:
     (ATYP 3) rather than by address; ``url`` is ``socks5://127.0.0.1:PORT``.
     """
 
+    scheme = "socks5"
+
     def __init__(
         self, *, auth: tuple[str, str] | None = None, script: SocksScript | None = None
     ) -> None:
         self.auth = auth
         self.script = script
         self.ledger = ProxyLedger()
-        self._server = RawServer(self._handle)
-
-    @property
-    def port(self) -> int:
-        return self._server.port
-
-    @property
-    def url(self) -> str:
-        return f"socks5://{LOCALHOST}:{self.port}"
-
-    @property
-    def connections(self) -> int:
-        return self._server.connections
-
-    def __enter__(self) -> ProxyEgress:
-        self._server.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.__exit__(exc_type, exc, tb)
+        super().__init__(self._handle)
 
     def _fault(self, conn: RawConn, stage: SocksStage, target: str) -> Send | int | None:
         return None if self.script is None else self.script(stage, target)
@@ -487,7 +471,7 @@ def _parse_head(head: bytes) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     return method, target, headers
 
 
-class FaultProxy:
+class FaultProxy(RawBacked):
     """Our own HTTP proxy on ``127.0.0.1``: good until ``script`` says otherwise.
 
     Args:
@@ -511,34 +495,7 @@ class FaultProxy:
             if auth is None
             else "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         )
-        self.server = RawServer(self._handle)
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    @property
-    def connections(self) -> int:
-        return self.server.connections
-
-    def set_event(self, name: str) -> None:
-        self.server.set_event(name)
-
-    def __enter__(self) -> FaultProxy:
-        self.server.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.server.__exit__(exc_type, exc, tb)
+        super().__init__(self._handle)
 
     # ---- one client connection
 

@@ -90,6 +90,7 @@ RECV_SIZE = 65536
 
 Handler = Callable[["RawConn"], None]
 T = TypeVar("T")
+_R = TypeVar("_R", bound="RawBacked")
 
 
 def _current_trio() -> Any:
@@ -916,3 +917,42 @@ def slowloris(
             conn.send(payload[i : i + 1])
 
     return handler
+
+
+class RawBacked:
+    """The base of a test server that runs its protocol on a :class:`RawServer`:
+    ``port``, ``url`` (``scheme://127.0.0.1:PORT``), ``connections``, events, and the
+    context manager that starts and stops it (a handler failure fails the test on exit).
+    Subclasses set ``scheme`` and pass their connection handler to ``__init__``."""
+
+    scheme = "http"
+
+    def __init__(self, handler: Handler) -> None:
+        self.server = RawServer(handler)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{LOCALHOST}:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        return self.server.connections
+
+    def set_event(self, name: str) -> None:
+        self.server.set_event(name)
+
+    def __enter__(self: _R) -> _R:
+        self.server.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.server.__exit__(exc_type, exc, tb)

@@ -168,6 +168,20 @@ def test_informational_then_final() -> None:
     assert not codec.waiting_for_continue
 
 
+def test_make_codec_refuses_an_unknown_parser_name() -> None:
+    """Codecs are validated where they are made: an unknown name is an error, not h11."""
+    from httpx_bulkhead._codec import check_parser, make_codec
+
+    assert isinstance(make_codec("h11", 1024), H11Codec)
+    assert isinstance(make_codec("httptools", 1024), HttptoolsCodec)
+    for name in ("llhttp", "H11", ""):
+        with pytest.raises(ValueError, match="http1_parser must be 'h11' or 'httptools'"):
+            make_codec(name, 1024)
+        with pytest.raises(ValueError, match=repr(name)):
+            check_parser(name)
+    assert check_parser("httptools") == "httptools"
+
+
 def test_request_side_errors_agree() -> None:
     """What a caller must not do is refused by both codecs, before a byte is produced."""
     post = [(b"Host", b"x")]  # a body with neither Content-Length nor chunked

@@ -191,8 +191,58 @@ def test_nothing_is_queued_after_the_goaway_of_a_connection_error() -> None:
     conn._receive(frame(0x4, 1, b""))  # SETTINGS on a stream: a connection error
     assert conn.broken
     assert client.data_to_send()[3] == 0x7  # h2's GOAWAY: the last frame we may send
-    conn._ack(9_000_000, 1)  # the streams read what they had buffered: past half the window
+    conn.ack(9_000_000, 1)  # the streams read what they had buffered: past half the window
     assert client.data_to_send() == b""
+
+
+class _Recording:
+    """A ``NetStream`` that records what is written."""
+
+    alpn = "h2"
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send(self, data: bytes, timeout: float | None) -> None:
+        self.sent.append(bytes(data))
+
+
+def test_output_looked_at_goes_out_first_and_once() -> None:
+    """``pending_output`` uses h2's public API only, which hands the bytes over: what it
+    took must be written before anything queued later, once, and then nothing is pending."""
+    import anyio
+    import httpx
+
+    from httpx_bulkhead._exchange import Timeouts
+    from httpx_bulkhead._http2 import ConnectionListener, HTTP2Connection
+
+    net = _Recording()
+    conn = HTTP2Connection(
+        ("http", "example", 80),
+        net,  # type: ignore[arg-type]
+        listener=ConnectionListener(),
+        max_streams=None,
+        ping_after=None,
+        ping_timeout=1.0,
+    )
+    reference = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    reference.initiate_connection()
+    preface = reference.data_to_send()
+    reference.ping(b"12345678")
+    ping = reference.data_to_send()
+
+    assert not conn.pending_output()
+    conn._h2.initiate_connection()
+    assert conn.pending_output() and conn.pending_output()  # asking twice loses nothing
+    conn._h2.ping(b"12345678")  # queued after the bytes we took
+    request = httpx.Request("GET", "http://example/")
+    anyio.run(conn.flush, request, Timeouts(None, None, None))
+    assert net.sent == [preface + ping]
+    assert not conn.pending_output()
+    anyio.run(conn.flush, request, Timeouts(None, None, None))
+    assert net.sent == [preface + ping]
 
 
 def test_a_goaway_shorter_than_its_fixed_fields_is_a_frame_size_error() -> None:

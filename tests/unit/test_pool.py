@@ -20,7 +20,7 @@ A = ("http", "a", 80)
 B = ("http", "b", 80)
 
 
-def make_pool(**kw: object) -> Pool:
+def make_pool(**kw: object) -> Pool[None]:
     options: dict[str, object] = {
         "max_connections": 4,
         "max_idle": 4,
@@ -33,11 +33,11 @@ def make_pool(**kw: object) -> Pool:
 
 
 def dial(
-    pool: Pool, origin: tuple[str, str, int], now: float, *, multiplexed: bool = False
-) -> PoolEntry:
+    pool: Pool[None], origin: tuple[str, str, int], now: float, *, multiplexed: bool = False
+) -> PoolEntry[None]:
     grant, closing = pool.checkout(origin, now)
     assert grant is DIAL and closing == []
-    entry = PoolEntry(origin)
+    entry = PoolEntry(origin, None)
     pool.dialed(entry, now, multiplexed=multiplexed)
     return entry
 
@@ -168,7 +168,7 @@ def test_http2_burst_coalesces_onto_one_dial_then_scales_out_by_cap() -> None:
         assert pool.checkout(A, 0)[0] is None
         pool.wait(w)
     assert pool.total == 1 and pool.waiting == 7
-    conn = PoolEntry(A)
+    conn = PoolEntry(A, None)
     pool.dialed(conn, 0, multiplexed=True)  # one stream until the peer's SETTINGS
     assert woken == [] and conn.active == 1
     pool.set_cap(conn, 3)  # SETTINGS: 3 streams; 5 still wait, so two more dials
@@ -176,7 +176,7 @@ def test_http2_burst_coalesces_onto_one_dial_then_scales_out_by_cap() -> None:
     assert [w.grant for w in woken[2:]] == [DIAL, DIAL]
     assert pool.total == 3 and pool.scale_outs == 2 and pool.waiting == 3
     # Those two dials are expected to carry the remaining three (3 streams each).
-    second = PoolEntry(A)
+    second = PoolEntry(A, None)
     pool.dialed(second, 1, multiplexed=True)
     pool.set_cap(second, 3)
     assert [w.grant for w in woken[4:]] == [second, second] and pool.waiting == 1
@@ -226,7 +226,7 @@ def test_first_connection_turning_out_http11_releases_coalesced_waiters() -> Non
     for w in ws:
         assert pool.checkout(A, 0)[0] is None
         pool.wait(w)
-    pool.dialed(PoolEntry(A), 0, multiplexed=False)  # ALPN chose http/1.1
+    pool.dialed(PoolEntry(A, None), 0, multiplexed=False)  # ALPN chose http/1.1
     assert [w.grant for w in woken] == [DIAL, DIAL] and pool.total == 3
 
 
@@ -308,7 +308,7 @@ def test_requests_batched_onto_a_failed_http2_dial_are_served_in_order() -> None
     assert pool.waiting == 2 and all(w.for_streams for w in ws[1:])  # they batch onto it
     assert pool.dial_failed(A) == []  # that one fails too
     assert woken == [ws[0], ws[1]] and ws[1].grant is DIAL
-    conn = PoolEntry(A)
+    conn = PoolEntry(A, None)
     pool.dialed(conn, 1, multiplexed=True)
     pool.set_cap(conn, 10)
     assert woken == ws and ws[2].grant is conn and pool.waiting == 0
@@ -380,7 +380,7 @@ def test_operations_on_a_connection_already_closed_do_nothing() -> None:
     assert pool.set_cap(conn, 8) == [] and pool.drain(conn) == []
     assert pool.discards[Discard.ERROR] == 1 and pool.total == 0 and pool.idle == 0
     assert pool.checkout(A, 1)[0] is DIAL  # never handed out again
-    idle = PoolEntry(A)
+    idle = PoolEntry(A, None)
     pool.dialed(idle, 1, multiplexed=True)
     pool.release(idle, 1, reusable=True)
     assert pool.checkout(A, 99)[0] is DIAL and not idle.in_pool  # expired while idle
@@ -447,7 +447,7 @@ def test_a_grant_handed_on_is_checked_against_the_latest_clock(tell: str) -> Non
     if tell == "checkout":  # another request
         assert pool.checkout(A, 16) == (None, [])
     elif tell == "dialed":  # a dial completes
-        assert pool.dialed(PoolEntry(B), 16, multiplexed=True) == []
+        assert pool.dialed(PoolEntry(B, None), 16, multiplexed=True) == []
     elif tell == "release":  # a stream ends on another connection
         assert pool.release(shared, 16, reusable=True) == []
     else:  # the expiry timer
@@ -464,7 +464,7 @@ def test_scale_outs_count_only_dials_beside_open_connections() -> None:
     pool.dial_failed(A)
     pool.discard(conn, Discard.ERROR)
     assert pool.checkout(A, 1)[0] is DIAL and pool.scale_outs == 1  # nothing open: no
-    again = PoolEntry(A)
+    again = PoolEntry(A, None)
     pool.dialed(again, 1, multiplexed=True)
     pool.set_cap(again, 1)
     assert pool.checkout(A, 1)[0] is DIAL and pool.scale_outs == 2
@@ -475,7 +475,7 @@ def test_the_most_recently_used_multiplexed_connection_serves_next() -> None:
     first = dial(pool, A, 0, multiplexed=True)
     pool.set_cap(first, 1)
     assert pool.checkout(A, 0)[0] is DIAL  # first is at its cap
-    second = PoolEntry(A)
+    second = PoolEntry(A, None)
     pool.dialed(second, 0, multiplexed=True)
     pool.set_cap(second, 4)
     pool.set_cap(first, 4)  # both have room; first was indexed last
@@ -489,7 +489,7 @@ def test_a_connection_past_its_lifetime_is_skipped_for_the_next_one() -> None:
     old = dial(pool, A, 0, multiplexed=True)
     pool.set_cap(old, 1)
     assert pool.checkout(A, 0)[0] is DIAL
-    young = PoolEntry(A)
+    young = PoolEntry(A, None)
     pool.dialed(young, 5, multiplexed=True)  # lives until 15
     pool.set_cap(young, 4)
     pool.set_cap(old, 4)  # old is the most recently indexed: picked first, but expired
@@ -601,7 +601,7 @@ def test_a_waiter_that_lost_its_cover_can_still_leave_the_queue() -> None:
     assert woken == [b1, w2] and w2.grant is conn and w1.grant is None
 
 
-class CountingEntry(PoolEntry):
+class CountingEntry(PoolEntry[None]):
     """Counts how often the pool looks at a connection's spare capacity."""
 
     __slots__ = ()
@@ -621,7 +621,7 @@ def work_per_request(connections: int) -> int:
         entries = []
         for _ in range(connections):
             assert pool.checkout(origin, 0)[0] is DIAL
-            entry = CountingEntry(origin)
+            entry = CountingEntry(origin, None)
             pool.dialed(entry, 0)
             entries.append(entry)
         if origin == A:
@@ -660,24 +660,26 @@ class PoolMachine(RuleBasedStateMachine):
             may_multiplex=lambda origin: origin == B,
         )
         self.now = 0.0
-        self.requests: list[PoolEntry] = []  # the connection each request in flight holds
+        self.requests: list[PoolEntry[None]] = []  # the connection each request in flight holds
         self.dials: list[tuple[str, str, int]] = []  # DIAL grants being dialed
         self.waiters: list[PoolWaiter] = []  # queued, no grant yet
         self.granted: list[PoolWaiter] = []  # granted, not resumed
         self.woken: list[PoolWaiter] = []
-        self.entries: list[PoolEntry] = []
+        self.entries: list[PoolEntry[None]] = []
         self.closed: set[int] = set()  # ids of entries the pool told us to close
         self.stream_waits = 0  # waiters granted an open connection
         self.errors = 0  # connections discarded by the ``discard`` rule
         self.b_dial_grants = 0
 
     # -- helpers ---------------------------------------------------------------------------
-    def _holders(self, entry: PoolEntry) -> int:
+    def _holders(self, entry: PoolEntry[None]) -> int:
         """Requests that hold ``entry``: in flight, or granted and not resumed."""
         held = sum(r is entry for r in self.requests)
         return held + sum(w.grant is entry for w in self.granted)
 
-    def _closing(self, entries: list[PoolEntry], broken: PoolEntry | None = None) -> None:
+    def _closing(
+        self, entries: list[PoolEntry[None]], broken: PoolEntry[None] | None = None
+    ) -> None:
         """The pool closes only connections nobody uses, except ``broken`` (the one the
         caller reported failed or not reusable)."""
         for entry in entries:
@@ -751,7 +753,7 @@ class PoolMachine(RuleBasedStateMachine):
     def finish_dial(self, ok: bool, index: int) -> None:
         origin = self.dials.pop(index % len(self.dials))
         if ok:
-            entry = PoolEntry(origin)
+            entry = PoolEntry(origin, None)
             self.entries.append(entry)
             self.requests.append(entry)
             self._closing(self.pool.dialed(entry, self.now, multiplexed=origin == B))
@@ -878,3 +880,34 @@ TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(
     max_examples=MACHINE_EXAMPLES, stateful_step_count=60, deadline=None
 )
+
+
+def test_the_pool_tells_a_connection_when_it_starts_draining() -> None:
+    """``on_drain`` hears of every connection that takes no new request from now on: a
+    GOAWAY (``drain``) and a lifetime ended with requests in flight, each once."""
+    drained: list[object] = []
+    pool: Pool[object] = Pool(
+        max_connections=4,
+        max_idle=4,
+        idle_timeout=None,
+        max_lifetime=10.0,
+        lifetime_jitter=0.0,
+        may_multiplex=lambda origin: True,
+        on_drain=drained.append,
+    )
+    goaway, old = object(), object()
+    for conn in (goaway, old):
+        assert pool.checkout(B, 0, fresh=True)[0] is DIAL
+        entry: PoolEntry[object] = PoolEntry(B, conn)
+        pool.dialed(entry, 0, multiplexed=True)
+        pool.set_cap(entry, 2)
+        if conn is goaway:
+            first = entry
+        else:
+            second = entry
+    pool.drain(first)
+    pool.drain(first)  # again: already draining
+    assert drained == [goaway]
+    assert pool.checkout(B, 5)[0] is second  # second carries two now
+    pool.release(second, 11, reusable=True)  # past its lifetime, one still in flight
+    assert drained == [goaway, old] and second.draining and second.in_pool

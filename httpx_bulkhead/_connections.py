@@ -1,0 +1,358 @@
+"""The async shell of a compartment's ``Pool``: checking connections out, dialing, ending
+exchanges, closing what the pool says to close.
+
+``Pool`` decides which connection serves and which must close; this module sleeps on its
+verdicts, does the I/O they call for (connect, reuse check, close, HTTP/2 reset) and hears
+the HTTP/2 connections' events (``ConnectionListener``).
+
+Connection accounting: every exchange started on a connection ends exactly once, through
+``end_exchange()`` (or ``end_abandoned()``, for a response nobody awaits), which pools,
+keeps (HTTP/2 stream reset) or closes the connection.
+
+Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
+already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
+re-arms for the next deadline.  So at most one timer per compartment is pending, and it
+fires about once per idle deadline, not per request.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeAlias
+
+import anyio
+import httpx
+
+from ._config import HTTPVersions, Origin, Policy
+from ._exceptions import TransportClosed
+from ._exchange import ClosedEarly, Connection, Exchange, Timeouts, Verdict
+from ._http2 import ConnectionListener, HTTP2Connection
+from ._http11 import HTTP11Connection
+from ._network import Network
+from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
+from ._slots import acquire_timeout
+from ._streams import NetStream
+from ._timers import TimerHandle, Timers
+from ._trace import TraceFn
+
+__all__ = ["Connections", "Lease"]
+
+#: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
+#: pool's record of it.  A request holds one from checkout to the end of its exchange.
+Lease: TypeAlias = PoolEntry[Connection]
+
+#: The pool's discard reason for each verdict of a connection's protocol.
+DISCARDS = {
+    Verdict.UNKNOWN_STATE: Discard.UNKNOWN_STATE,
+    Verdict.PEER_CLOSED: Discard.PEER_CLOSED,
+    Verdict.BROKEN: Discard.ERROR,
+    Verdict.NOT_REUSABLE: Discard.NOT_REUSABLE,
+    Verdict.PING_TIMEOUT: Discard.PING_TIMEOUT,
+}
+
+
+class Connections(ConnectionListener):
+    """One compartment's connections: its ``Pool``, awaited."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: Policy,
+        connector: Network,
+        versions: HTTPVersions,
+        *,
+        timers: Timers,
+        clock: Callable[[], float],
+        rng: random.Random | None,
+    ) -> None:
+        self._name = name
+        self._policy = policy
+        self._connector = connector
+        self._versions = versions
+        self._clock = clock
+        self._timers = timers
+        self._sweep_at = math.inf  # when the armed sweep fires (our clock); inf: none
+        self._sweep: TimerHandle | None = None
+        self.closed = False  # the compartment was closed or retired: no more connections
+        self.pool: Pool[Connection] = Pool(
+            max_connections=policy.connection_limit,
+            max_idle=policy.idle_limit,
+            idle_timeout=policy.idle_timeout,
+            max_lifetime=policy.max_lifetime,
+            lifetime_jitter=policy.lifetime_jitter,
+            may_multiplex=versions.may_multiplex,
+            rng=rng,
+            on_drain=_drained,
+        )
+        self.open: dict[Connection, Lease] = {}  # open, idle or in use
+        self._closing: list[Lease] = []  # decided by pool callbacks, closed soon
+        self.timeouts = 0  # waits for a connection that timed out
+        self.goaways = 0
+        self.streams_reset = 0
+
+    async def checkout(
+        self,
+        request: httpx.Request,
+        origin: Origin,
+        acquire_deadline: float | None,
+        connect_timeout: float | None,
+        timeouts: Timeouts | None = None,
+        fresh: bool = False,
+    ) -> tuple[Lease, float]:
+        """A connection for ``request``: one with spare capacity (most recently used first),
+        a new one, or, when ``max_connections`` is reached, the next one freed (FIFO).  Also
+        returns the seconds spent waiting for it (not counting the connect).
+
+        Raises:
+            AcquireTimeout, TransportClosed, httpx.ConnectError, httpx.ConnectTimeout.
+        """
+        waited = 0.0
+        while True:
+            grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
+            await self._close_all(to_close)
+            if grant is None:
+                started = self._clock()
+                grant = await self._wait_for_connection(request, origin, acquire_deadline)
+                waited += self._clock() - started
+            if isinstance(grant, PoolEntry):
+                if grant.active == 1:  # idle until now: check before sending on it
+                    try:
+                        verdict = await grant.conn.check_reusable()
+                    except BaseException:
+                        await self._close_all(
+                            self.pool.release(grant, self._clock(), reusable=True)
+                        )
+                        raise
+                    if verdict is not None:
+                        await self._close_all(self.pool.discard(grant, DISCARDS[verdict]))
+                        continue
+                return grant, waited
+            return await self._dial(request, origin, connect_timeout, timeouts), waited
+
+    async def _dial(
+        self,
+        request: httpx.Request,
+        origin: Origin,
+        connect_timeout: float | None,
+        timeouts: Timeouts | None,
+    ) -> Lease:
+        trace: TraceFn | None = request.extensions.get("trace")
+        by_deadline = False
+        if timeouts is not None:  # the request's deadline bounds the connect too
+            connect_timeout, by_deadline = timeouts.budget(connect_timeout)
+        try:
+            stream = await self._connector.connect(request, timeout=connect_timeout, trace=trace)
+            conn = await self._speak(request, origin, stream, connect_timeout)
+        except BaseException as exc:
+            await self._close_all(self.pool.dial_failed(origin))
+            if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
+                raise timeouts.expired("while connecting", request) from exc
+            raise
+        lease = self.open[conn] = PoolEntry(origin, conn)
+        multiplexed = isinstance(conn, HTTP2Connection)
+        await self._close_all(self.pool.dialed(lease, self._clock(), multiplexed=multiplexed))
+        await self._close_pending()
+        return lease
+
+    async def _speak(
+        self, request: httpx.Request, origin: Origin, stream: NetStream, timeout: float | None
+    ) -> HTTP11Connection | HTTP2Connection:
+        """The connection over a new ``stream``: HTTP/2 (its preface sent) or HTTP/1.1."""
+        if not self._versions.speaks_h2(origin, stream.alpn):
+            return HTTP11Connection(origin, stream, self._versions.http1_parser)
+        policy = self._policy
+        conn = HTTP2Connection(
+            origin,
+            stream,
+            listener=self,
+            max_streams=policy.max_streams_per_connection,
+            ping_after=policy.ping_after,
+            ping_timeout=policy.ping_timeout,
+        )
+        try:
+            await conn.start(request, timeout)
+        except BaseException:
+            await conn.aclose()
+            raise
+        return conn
+
+    async def _wait_for_connection(
+        self, request: httpx.Request, origin: Origin, acquire_deadline: float | None
+    ) -> Grant:
+        if self.closed:
+            raise TransportClosed("the transport is closed", request=request)
+        event = anyio.Event()
+        waiter = PoolWaiter(origin, event.set)
+        await self._close_all(self.pool.wait(waiter))
+        budget = None if acquire_deadline is None else acquire_deadline - self._clock()
+        try:
+            with anyio.fail_after(budget):
+                await event.wait()
+        except BaseException as exc:
+            if waiter.grant is not None and isinstance(exc, TimeoutError):
+                return waiter.grant  # granted in the same instant: use it
+            await self._close_all(self.pool.cancel(waiter))
+            if isinstance(exc, TimeoutError):
+                self._timed_out(request)
+            raise
+        if waiter.grant is None:
+            raise TransportClosed("the transport was closed", request=request)
+        return waiter.grant
+
+    async def end_exchange(
+        self, lease: Lease, exchange: Exchange, exc: BaseException | None
+    ) -> None:
+        """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``.  The
+        connection is pooled, kept (an HTTP/2 stream was reset) or closed."""
+        tracer = exchange.tracer
+        if tracer is not None:  # "{operation}.failed", "response_closed.started"
+            await tracer.closing(exc, early=isinstance(exc, ClosedEarly))
+        if exc is None:
+            reusable, keep_alive = exchange.completed()
+            reusable = reusable and not self.closed
+            to_close = self.pool.release(
+                lease, self._clock(), reusable=reusable, keep_alive=keep_alive
+            )
+        else:
+            with anyio.CancelScope(shield=True):
+                verdict = await exchange.abandon(exc)
+            if verdict is None:
+                to_close = self.pool.release(lease, self._clock(), reusable=True)
+            else:
+                to_close = self.pool.discard(lease, DISCARDS[verdict])
+        await self._close_all(to_close)
+        await self._close_pending()
+        if tracer is not None:
+            await tracer.closed()
+
+    def end_abandoned(
+        self, lease: Lease, exchange: Exchange, exc: BaseException
+    ) -> Awaitable[None] | None:
+        """End an exchange nobody is awaiting (a response garbage-collected unclosed, or
+        held unread past its deadline), on the loop, without awaiting: its slot is given
+        back now; the returned awaitable finishes closing connections (or sends the HTTP/2
+        reset)."""
+        verdict = exchange.cut(exc)
+        if verdict is None:
+            to_close = self.pool.release(lease, self._clock(), reusable=True)
+        else:
+            to_close = self.pool.discard(lease, DISCARDS[verdict])
+        closing = self._forget(to_close)
+        if verdict is None:  # an HTTP/2 stream was reset: send the frame
+            return self._send_reset(lease, exchange, exc, closing)
+        return closing
+
+    async def _send_reset(
+        self,
+        lease: Lease,
+        exchange: Exchange,
+        exc: BaseException,
+        closing: Awaitable[None] | None,
+    ) -> None:
+        if closing is not None:
+            await closing
+        with anyio.CancelScope(shield=True):
+            verdict = await exchange.abandon(exc)  # sends what ``cut`` queued
+        if verdict is not None:  # it could not be sent: the connection broke
+            await self._close_all(self.pool.discard(lease, DISCARDS[verdict]))
+
+    async def _close_all(self, leases: list[Lease]) -> None:
+        if self.pool.next_due < self._sweep_at:
+            self._arm_sweep()
+        if not leases:
+            return
+        with anyio.CancelScope(shield=True):
+            for lease in leases:
+                self.open.pop(lease.conn, None)
+                await lease.conn.aclose()
+
+    async def _close_pending(self) -> None:
+        if self._closing:
+            closing, self._closing = self._closing, []
+            await self._close_all(closing)
+
+    def _forget(self, leases: list[Lease]) -> Awaitable[None] | None:
+        """Start closing ``leases`` without awaiting (from a timer or ``__del__``'s
+        hand-off); returns the awaitable that finishes closing them."""
+        if not leases:
+            return None
+        for lease in leases:
+            lease.conn.abort()
+        return self._close_all(leases)
+
+    # -- idle expiry with no traffic --------------------------------------------------------
+    def _arm_sweep(self) -> None:
+        due = self.pool.next_due
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = due
+        self._sweep = None
+        if due < math.inf and not self.closed:
+            self._sweep = self._timers.call_later(due - self._clock(), self._run_sweep)
+
+    def _run_sweep(self) -> Awaitable[None] | None:
+        self._sweep, self._sweep_at = None, math.inf
+        if self.closed:
+            return None
+        to_close = self.pool.sweep(self._clock())
+        if self.pool.next_due < math.inf:
+            self._arm_sweep()
+        return self._forget(to_close)
+
+    # -- HTTP/2 connection events (ConnectionListener) -----------------------------------
+    def on_cap(self, conn: HTTP2Connection, cap: int) -> None:
+        lease = self.open.get(conn)
+        if lease is not None:
+            self._closing.extend(self.pool.set_cap(lease, cap))
+
+    def on_reset(self, conn: HTTP2Connection) -> None:
+        self.streams_reset += 1
+
+    def on_goaway(self, conn: HTTP2Connection) -> None:
+        self.goaways += 1
+        lease = self.open.get(conn)
+        if lease is not None:
+            self._closing.extend(self.pool.drain(lease))
+
+    def http2(self) -> list[HTTP2Connection]:
+        """The open HTTP/2 connections (for statistics)."""
+        return [c for c in self.open if isinstance(c, HTTP2Connection)]
+
+    # -- closing ---------------------------------------------------------------------------
+    def _timed_out(self, request: httpx.Request) -> NoReturn:
+        self.timeouts += 1
+        pool = self.pool
+        load = (
+            f"{pool.total} connections, {pool.total - pool.idle} in use,"
+            f" max_connections={pool.max_connections}"
+        )
+        raise acquire_timeout(self._name, "connection", self._policy, request, load)
+
+    def retire(self) -> Awaitable[None] | None:
+        """No more connections: close the idle ones (the returned awaitable finishes)."""
+        self._stop()
+        closing, _ = self.pool.close()
+        return self._forget(closing)
+
+    async def aclose(self) -> None:
+        """Wake every waiter with ``TransportClosed`` and close every connection."""
+        self._stop()
+        closing, waiters = self.pool.close()
+        for waiter in waiters:
+            waiter.wake()
+        closing.extend(self.open.values())
+        await self._close_all(closing)
+
+    def _stop(self) -> None:
+        self.closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+
+def _drained(conn: Connection) -> None:
+    """The pool's ``on_drain``: an HTTP/2 connection opens no new stream from now on."""
+    if isinstance(conn, HTTP2Connection):
+        conn.draining = True
