@@ -237,22 +237,28 @@ def parse_route_key(text: object) -> RouteKey:
             raise ValueError(f"hosts key {text!r}: scheme must be http or https")
     authority, slash, path = rest.partition("/")
     prefix = _path_prefix(path, text) if slash else None
-    wildcard = authority.startswith("*.")
-    if wildcard:
-        authority = authority[2:]
-    elif "*" in authority:
-        hint = (
-            "for every origin not listed, use BulkheadTransport(default=...)"
-            if authority.split(":")[0] == "*"
-            else "a wildcard is allowed only as the whole first label, as in '*.example.com'"
-        )
-        raise ValueError(f"hosts key {text!r}: {hint}")
+    authority, wildcard = _wildcard(authority, text)
     host, port = _split_authority(authority, text)
     if wildcard and (":" in host or host.replace(".", "").isdigit()):
         raise ValueError(f"hosts key {text!r}: a wildcard cannot stand for part of an IP address")
     if port is None and scheme is not None:
         port = DEFAULT_PORTS[scheme]
     return RouteKey(scheme, host, port, prefix, wildcard)
+
+
+def _wildcard(authority: str, text: str) -> tuple[str, bool]:
+    """The authority without a leading ``*.``, and whether it had one; a ``*`` anywhere
+    else is refused."""
+    if authority.startswith("*."):
+        return authority[2:], True
+    if "*" in authority:
+        hint = (
+            "for every origin not listed, use BulkheadTransport(default=...)"
+            if authority.split(":")[0] == "*"
+            else "a wildcard is allowed only as the whole first label, as in '*.example.com'"
+        )
+        raise ValueError(f"hosts key {text!r}: {hint}")
+    return authority, False
 
 
 def _path_prefix(path: str, text: str) -> str | None:

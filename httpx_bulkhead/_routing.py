@@ -95,6 +95,11 @@ class Router(Generic[C]):
         # and the cached origins that route to each (forgotten with it).
         self._defaults: OrderedDict[str, tuple[C, int]] = OrderedDict()
         self._cached_by: dict[str, set[Origin]] = {}
+        self._add_keys(hosts)
+        self._cache: dict[Origin, _OriginRoutes[C]] = {}
+
+    def _add_keys(self, hosts: Mapping[str, Policy | Group]) -> None:
+        """A compartment per key (or per group, for all its routes); no two routes alike."""
         owners: dict[RouteKey, str] = {}
         for name, value in hosts.items():
             if isinstance(value, Group):
@@ -117,7 +122,6 @@ class Router(Generic[C]):
                 owners[key] = name
                 table = self._wild if key.wildcard else self._keys
                 table.setdefault((key.scheme, key.host, key.port), {})[key.path] = compartment
-        self._cache: dict[Origin, _OriginRoutes[C]] = {}
 
     def _new(self, name: str, policy: Policy) -> C:
         compartment = self._make(name, policy)
