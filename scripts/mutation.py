@@ -68,7 +68,11 @@ TARGETS: dict[str, list[str]] = {
     "_pool": ["tests/unit/test_pool.py"],
     "_routing": ["tests/unit/test_routing.py", "tests/unit/test_routing_wildcards.py"],
     "_config": ["tests/unit/test_config.py", "tests/unit/test_routing_wildcards.py"],
-    "_stats": ["tests/unit/test_stats.py", "tests/unit/test_stats_format.py"],
+    "_stats": [
+        "tests/unit/test_stats.py",
+        "tests/unit/test_stats_format.py",
+        "tests/unit/test_stats_assembly.py",
+    ],
     "_h2frames": ["tests/unit/test_h2frames_split.py", "tests/unit/test_h2frames.py"],
     "_codec": ["tests/unit/test_codec.py"],
 }
