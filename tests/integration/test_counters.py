@@ -11,18 +11,9 @@ import pytest
 from httpx_bulkhead import AcquireTimeout, BulkheadFull, BulkheadTransport, Policy
 from tests.conftest import until
 from tests.servers import RawServer
-from tests.servers.raw import RawConn, request_path
+from tests.servers.raw import hold_on_request
 
 pytestmark = pytest.mark.anyio
-
-
-def hold_on_request(conn: RawConn) -> None:
-    while (request := conn.read_request()) is not None:
-        if request_path(request).startswith(b"/hold"):
-            conn.server.event("held").set()
-            if not conn.wait("release"):
-                return
-        conn.send_response(200, b"ok")
 
 
 async def test_every_request_is_counted_once() -> None:

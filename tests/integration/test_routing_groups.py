@@ -15,19 +15,9 @@ import pytest
 
 from httpx_bulkhead import BulkheadFull, BulkheadTransport, Group, Policy
 from tests.servers import RawServer
-from tests.servers.raw import RawConn, request_path
+from tests.servers.raw import hold_on_request
 
 pytestmark = pytest.mark.anyio
-
-
-def hold_on_request(conn: RawConn) -> None:
-    """200 at once, except ``/hold``: sets event ``held`` and answers after ``release``."""
-    while (request := conn.read_request()) is not None:
-        if request_path(request).startswith(b"/hold"):
-            conn.server.event("held").set()
-            if not conn.wait("release"):
-                return
-        conn.send_response(200, b"ok")
 
 
 async def test_a_group_shares_one_limit_and_a_wildcard_catches_subdomains(tmp_path: Path) -> None:

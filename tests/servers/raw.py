@@ -656,6 +656,17 @@ class RawServer:
 # ------------------------------------------------------------------ handler factories
 
 
+def hold_on_request(conn: RawConn) -> None:
+    """Like :func:`keepalive_ok`, except a request for ``/hold...``: it sets event ``held``
+    and is answered only once the test sets ``release``."""
+    while (request := conn.read_request()) is not None:
+        if request_path(request).startswith(b"/hold"):
+            conn.server.event("held").set()
+            if not conn.wait("release"):
+                return
+        conn.send_response(200, b"ok")
+
+
 def keepalive_ok(body: bytes = b"ok", headers: Iterable[tuple[str, str]] = ()) -> Handler:
     """Serve every request on the connection: 200, ``Content-Length``, keep-alive,
     ``x-conn: <conn index>`` plus ``headers``. Returns when the client closes."""

@@ -11,6 +11,16 @@ from httpx_bulkhead._config import RouteKey, parse_route_key
 from httpx_bulkhead._routing import Router
 
 
+class CountingDict(dict[Any, Any]):
+    """A wildcard table that counts the lookups routing makes in it."""
+
+    lookups = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        CountingDict.lookups += 1
+        return super().get(key, default)
+
+
 def router(hosts: dict[str, Any]) -> Router[str]:
     return Router(hosts, Policy(), lambda name, policy: name)
 
@@ -193,14 +203,8 @@ def test_a_path_prefix_key_makes_no_host_compartment() -> None:
 
 
 def test_wildcards_cost_a_lookup_per_label_and_only_when_an_origin_is_new() -> None:
-    class CountingDict(dict[Any, Any]):
-        lookups = 0
-
-        def get(self, key: Any, default: Any = None) -> Any:
-            CountingDict.lookups += 1
-            return super().get(key, default)
-
     r = router({"*.example.com": Policy()})
+    CountingDict.lookups = 0
     r._wild = CountingDict(r._wild)
     assert route(r, "a.b.c.example.com") == "*.example.com"
     # Four suffixes (b.c.example.com ... com), three levels each.
@@ -213,14 +217,8 @@ def test_wildcards_cost_a_lookup_per_label_and_only_when_an_origin_is_new() -> N
 def test_without_wildcard_keys_no_wildcard_table_is_consulted() -> None:
     """Wildcards cost nothing when none is configured."""
 
-    class CountingDict(dict[Any, Any]):
-        lookups = 0
-
-        def get(self, key: Any, default: Any = None) -> Any:
-            CountingDict.lookups += 1
-            return super().get(key, default)
-
     r = router({"api.example.com": Policy()})
+    CountingDict.lookups = 0
     r._wild = CountingDict()
     assert route(r, "a.b.c.example.com") == "https://a.b.c.example.com:443"
     assert route(r, "api.example.com") == "api.example.com"
