@@ -405,7 +405,9 @@ class NetworkStream:
     (``ssl.SSLObject``, ``None`` on plain TCP), ``"client_addr"`` and ``"server_addr"``
     (``(host, port)``; a path or ``""`` on a Unix socket), ``"socket"`` (the
     ``socket.socket``; under trio too, where httpcore gives trio's socket wrapper) and
-    ``"is_readable"``; anything else ``None``.  Use the socket to read its options or
+    ``"is_readable"``; anything else ``None``.  Through a proxy, ``ssl_object`` is the
+    target's TLS session and the socket and addresses are those of the connection to the
+    proxy.  Use the socket to read its options or
     addresses, never to read, write or close it.
 
     The connection belongs to the pool and may carry other requests (HTTP/2 streams,
@@ -423,11 +425,12 @@ class NetworkStream:
         stream = self._stream
         if info == "is_readable":
             return stream.is_readable()
-        if not isinstance(stream, AsyncioStream | AnyioStream):
-            return None  # testing.MockNetwork: no socket
+        # Socket streams, and a TLS stream stacked inside an https proxy's (its
+        # ``ssl_object`` is the target's session, its ``socket`` the one to the proxy);
+        # testing.MockNetwork's has neither.
         if info == "ssl_object":
-            return stream.ssl_object
-        sock = stream.socket
+            return getattr(stream, "ssl_object", None)
+        sock = getattr(stream, "socket", None)
         if info == "socket":
             return sock
         if sock is None or info not in ("client_addr", "server_addr"):
