@@ -331,7 +331,7 @@ class Connections(ConnectionListener):
 
     def proxied(self) -> int:
         """Open connections that go through a proxy (for statistics)."""
-        return sum(1 for c in self.open if c.proxy is not None)
+        return sum(1 for c, lease in self.open.items() if lease.in_pool and c.proxy is not None)
 
     def http2(self) -> list[HTTP2Connection]:
         """The open HTTP/2 connections (for statistics)."""
