@@ -12,7 +12,7 @@ httpx's client without any I/O in ``tests/unit/test_proxy_config.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import httpx
 import pytest
@@ -79,7 +79,7 @@ async def _route(client: httpx.AsyncClient, url: str, one: FaultProxy, two: Faul
 
 
 def _set_env(
-    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], values: dict[str, object]
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], values: Mapping[str, object]
 ) -> None:
     for name in _VARIABLES:
         monkeypatch.delenv(name, raising=False)
