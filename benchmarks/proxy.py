@@ -59,7 +59,7 @@ with ProxyEgress() as egress:
 
 _HTTPS = """
 const https = require("https"), fs = require("fs");
-const [key, cert] = process.argv.slice(2);
+const [key, cert] = process.argv.slice(1);  // node -e: no script path
 const server = https.createServer(
   { key: fs.readFileSync(key), cert: fs.readFileSync(cert) },
   (req, res) => { req.resume(); req.on("end", () => {
