@@ -132,7 +132,46 @@ async def test_http_through_tinyproxy_which_closes_after_each(
         agree(transport)
 
 
+async def test_forwarding_speaks_http11_to_the_proxy_even_with_http1_off(
+    target: HypercornServer,
+) -> None:
+    """With ``http1=False`` an http:// target is HTTP/2 by prior knowledge when direct;
+    forwarded through an HTTP proxy it is HTTP/1.1 to the proxy, as with httpcore."""
+    with FaultProxy() as proxy:
+        transport = BulkheadTransport(proxy=proxy.url, http1=False, http2=True)
+        async with httpx.AsyncClient(transport=transport) as client:
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(client.get, f"{target.url}/")
+            response = await client.get(f"{target.url}/")
+        assert response.http_version == "HTTP/1.1" and response.text == "hello"
+        assert [r.method for r in proxy.ledger.requests] == ["GET"] * 4
+        agree(transport)
+
+
 # --------------------------------------------------------------------------- tunnels
+
+
+async def test_trace_events_through_a_tunnel(
+    egress: ProxyEgress, tls_target: HypercornServer
+) -> None:
+    events: list[tuple[str, dict[str, object]]] = []
+
+    async def trace(name: str, info: dict[str, object]) -> None:
+        events.append((name, info))
+
+    with TinyProxy(egress) as proxy:
+        async with httpx.AsyncClient(transport=trusting(proxy=proxy.url)) as client:
+            await client.get(f"{tls_target.url}/", extensions={"trace": trace})
+    names = [name for name, _ in events if name.startswith("connection.")]
+    assert names == [
+        "connection.connect_tcp.started",
+        "connection.connect_tcp.complete",
+        "connection.start_tls.started",
+        "connection.start_tls.complete",
+    ]
+    assert events[0][1]["port"] == int(proxy.url.rsplit(":", 1)[1])  # TCP to the proxy
+    assert events[2][1]["server_hostname"] == "127.0.0.1"  # TLS to the target
 
 
 async def test_https_through_connect_verifies_the_target_and_speaks_h2(
