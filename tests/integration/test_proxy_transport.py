@@ -23,6 +23,7 @@ from tests.servers.proxies import (
     FaultProxy,
     PProxy,
     ProxyEgress,
+    ProxyRequest,
     Send,
     TinyProxy,
     close_mid_connect,
@@ -416,6 +417,49 @@ async def test_idle_tunnels_expire(egress: ProxyEgress, tls_target: HypercornSer
             assert transport.statistics()[key].proxied_connections == 0
             target = f"127.0.0.1:{tls_target.port}"
             await egress.ledger.until(lambda led: led.stats(target).open_now == 0)
+
+
+async def test_stale_retry_through_a_forwarding_proxy(target: HypercornServer) -> None:
+    """The proxy closes a kept-alive connection when the next request arrives, before any
+    response byte: the request is sent again on a new connection, as without a proxy."""
+    seen: list[int] = []
+
+    def script(request: ProxyRequest) -> Send | None:
+        seen.append(request.conn)
+        return Send(b"", "close") if len(seen) == 2 else None
+
+    with FaultProxy(script=script) as proxy:
+        transport = BulkheadTransport(proxy=proxy.url)
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(f"{target.url}/")).text == "hello"
+            again = await client.get(f"{target.url}/")
+        assert again.text == "hello" and again.extensions["bulkhead"].retried
+        s = transport.statistics()[f"http://127.0.0.1:{target.port}"]
+        assert (s.stale_retries, s.connections_created, s.completed, s.failed) == (1, 2, 2, 0)
+        assert seen[0] == seen[1] != seen[2]  # the retry went out on a new connection
+
+
+async def test_tunnels_expire_at_their_lifetime(
+    egress: ProxyEgress, tls_target: HypercornServer
+) -> None:
+    now = [0.0]
+    with TinyProxy(egress) as proxy:
+        transport = trusting(
+            proxy=proxy.url,
+            default=Policy(max_lifetime=10.0, lifetime_jitter=0.0),
+            _clock=lambda: now[0],
+        )
+        async with httpx.AsyncClient(transport=transport) as client:
+            first = await client.get(f"{tls_target.url}/")
+            now[0] = 11.0
+            second = await client.get(f"{tls_target.url}/")
+        assert (
+            first.extensions["bulkhead"].connection_id
+            != second.extensions["bulkhead"].connection_id
+        )
+        s = transport.statistics()[f"https://127.0.0.1:{tls_target.port}"]
+        assert (s.lifetime_expired, s.connections_created) == (1, 2)
+        assert proxy.requests().count(("CONNECT", f"127.0.0.1:{tls_target.port}")) == 2
 
 
 async def test_many_origins_through_one_proxy_stay_bounded() -> None:
