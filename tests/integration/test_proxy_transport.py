@@ -214,7 +214,9 @@ async def test_a_wrong_host_certificate_fails_inside_the_tunnel(egress: ProxyEgr
         assert (stats.failed, stats.connections, stats.proxied_connections) == (1, 0, 0)
 
 
-async def test_tls_inside_an_https_proxy(egress: ProxyEgress, tls_target: HypercornServer) -> None:
+async def test_tls_inside_an_https_proxy(
+    egress: ProxyEgress, tls_target: HypercornServer, target: HypercornServer
+) -> None:
     tls = default_server_tls()
     with PProxy("https", egress, tls=tls) as proxy:
         spec = httpx.Proxy(proxy.url, ssl_context=tls.client_ssl_context())
@@ -224,6 +226,9 @@ async def test_tls_inside_an_https_proxy(egress: ProxyEgress, tls_target: Hyperc
             again = await client.get(f"{tls_target.url}/")
             stream = response.extensions["network_stream"]
             assert stream.get_extra_info("is_readable") is False  # idle, nothing pending
+            forwarded = await client.get(f"{target.url}/")  # http://: forwarded over TLS
+            assert forwarded.text == "hello"
+            assert forwarded.extensions["bulkhead"].proxy == proxy.url
             proxy_port = int(proxy.url.rsplit(":", 1)[1])
             assert stream.get_extra_info("server_addr") == ("127.0.0.1", proxy_port)
         assert response.text == "hello" and response.http_version == "HTTP/2"
