@@ -405,10 +405,10 @@ class NetworkStream:
     (``ssl.SSLObject``, ``None`` on plain TCP), ``"client_addr"`` and ``"server_addr"``
     (``(host, port)``; a path or ``""`` on a Unix socket), ``"socket"`` (the
     ``socket.socket``; under trio too, where httpcore gives trio's socket wrapper) and
-    ``"is_readable"``; anything else ``None``.  Through a proxy, ``ssl_object`` is the
-    target's TLS session and the socket and addresses are those of the connection to the
-    proxy.  Use the socket to read its options or
-    addresses, never to read, write or close it.
+    ``"is_readable"``; anything else ``None``.  Use the socket to read its options or
+    addresses, never to read, write or close it.  Through a proxy, ``ssl_object`` is the
+    target's TLS session, and the socket and addresses are those of the connection to the
+    proxy.
 
     The connection belongs to the pool and may carry other requests (HTTP/2 streams,
     later HTTP/1.1 exchanges), so ``read``, ``write``, ``start_tls`` and ``aclose`` are
