@@ -62,8 +62,10 @@ def make(kind, conc):
         return httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=conc), http1=False, http2=True)
     if kind == "h2":
-        return BulkheadTransport(default=Policy(max_concurrency=conc), http1=False, http2=True)
-    return BulkheadTransport(default=Policy(max_concurrency=conc), http1_parser=kind)
+        return BulkheadTransport(default=Policy(max_concurrency=conc), http1=False, http2=True,
+                                 trust_env=False)
+    return BulkheadTransport(default=Policy(max_concurrency=conc), http1_parser=kind,
+                             trust_env=False)
 
 async def batch(transport, url, conc, n):
     left = n

@@ -62,7 +62,9 @@ def scrape(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
 async def run(config: DemoConfig) -> tuple[list[float], Series]:
     slow = await DemoServer(config.slow_seconds).start()
     fast = await DemoServer(0.0).start()
-    transport = BulkheadTransport(default=Policy(max_concurrency=max(1, config.connections // 2)))
+    transport = BulkheadTransport(
+        default=Policy(max_concurrency=max(1, config.connections // 2)), trust_env=False
+    )
     registry = CollectorRegistry()
     registry.register(BulkheadCollector(transport))
     names = {  # compartment (an unlisted origin: scheme://host:port) -> label

@@ -307,8 +307,13 @@ def bulkhead_transport(
     knowledge on http://; the stream cap per connection stays the default, 100)."""
     policy = Policy(max_concurrency=max_concurrency, idle_timeout=IDLE_SECONDS)
     if http2:
-        return BulkheadTransport(default=policy, hosts=hosts, http1=False, http2=True)
-    return BulkheadTransport(default=policy, hosts=hosts, http1_parser=http1_parser)
+        return BulkheadTransport(
+            default=policy, hosts=hosts, http1=False, http2=True, trust_env=False
+        )
+    # trust_env=False: the yardstick (httpx.AsyncHTTPTransport on its own) ignores HTTP_PROXY.
+    return BulkheadTransport(
+        default=policy, hosts=hosts, http1_parser=http1_parser, trust_env=False
+    )
 
 
 def pool_size(transport: httpx.AsyncBaseTransport) -> int:

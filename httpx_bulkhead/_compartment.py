@@ -256,6 +256,7 @@ def _response(
         reused=exchange.reused,
         retried=retried,
         connection_id=conn.id,
+        proxy=conn.proxy,
     )
     extensions: dict[str, Any] = {
         "http_version": head.http_version,

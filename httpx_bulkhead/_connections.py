@@ -32,6 +32,7 @@ from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
 from ._network import Network
 from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
+from ._proxied import forwards
 from ._slots import acquire_timeout
 from ._streams import NetStream
 from ._timers import TimerHandle, Timers
@@ -70,6 +71,8 @@ class Connections(ConnectionListener):
         self._name = name
         self._policy = policy
         self._connector = connector
+        #: ``Network.proxy_for``, when the network routes through proxies.
+        self._proxy_for = getattr(connector, "proxy_for", None)
         self._versions = versions
         self._clock = clock
         self._timers = timers
@@ -159,9 +162,18 @@ class Connections(ConnectionListener):
     async def _speak(
         self, request: httpx.Request, origin: Origin, stream: NetStream, timeout: float | None
     ) -> HTTP11Connection | HTTP2Connection:
-        """The connection over a new ``stream``: HTTP/2 (its preface sent) or HTTP/1.1."""
+        """The connection over a new ``stream``: HTTP/2 (its preface sent) or HTTP/1.1.
+        Through a proxy it is marked with it; forwarded through an HTTP proxy, it speaks
+        HTTP/1.1 to the proxy (as httpcore does)."""
+        proxy = None if self._proxy_for is None else self._proxy_for(request.url)
+        if proxy is not None and forwards(proxy.kind, origin[0]):
+            h1 = HTTP11Connection(origin, stream, self._versions.http1_parser)
+            h1.proxy, h1.forward = str(proxy.url), proxy.proxy_headers
+            return h1
         if not self._versions.speaks_h2(origin, stream.alpn):
-            return HTTP11Connection(origin, stream, self._versions.http1_parser)
+            h1 = HTTP11Connection(origin, stream, self._versions.http1_parser)
+            h1.proxy = None if proxy is None else str(proxy.url)
+            return h1
         policy = self._policy
         conn = HTTP2Connection(
             origin,
@@ -171,6 +183,7 @@ class Connections(ConnectionListener):
             ping_after=policy.ping_after,
             ping_timeout=policy.ping_timeout,
         )
+        conn.proxy = None if proxy is None else str(proxy.url)
         try:
             await conn.start(request, timeout)
         except BaseException:
@@ -315,6 +328,10 @@ class Connections(ConnectionListener):
         lease = self.open.get(conn)
         if lease is not None:
             self._closing.extend(self.pool.drain(lease))
+
+    def proxied(self) -> int:
+        """Open connections that go through a proxy (for statistics)."""
+        return sum(1 for c, lease in self.open.items() if lease.in_pool and c.proxy is not None)
 
     def http2(self) -> list[HTTP2Connection]:
         """The open HTTP/2 connections (for statistics)."""

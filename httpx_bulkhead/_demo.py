@@ -460,7 +460,9 @@ def make_transports(config: DemoConfig) -> tuple[httpx.AsyncHTTPTransport, Bulkh
     (Built before the event loop starts: loading the CA bundle takes a while.)"""
     n = config.connections
     shared = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=n))
-    bulkheads = BulkheadTransport(default=Policy(max_concurrency=max(1, n // 2)))
+    # trust_env=False: like httpx.AsyncHTTPTransport used on its own, ignore HTTP_PROXY etc.
+    # (the demo's servers are on 127.0.0.1).
+    bulkheads = BulkheadTransport(default=Policy(max_concurrency=max(1, n // 2)), trust_env=False)
     return shared, bulkheads
 
 

@@ -116,6 +116,11 @@ def raise_mapped(exc: BaseException, phase: Phase, request: httpx.Request) -> No
     raise mapped from exc
 
 
+def describe_error(exc: BaseException) -> str:
+    """A short text for a low-level error (its message, else its type's name)."""
+    return _describe(exc)
+
+
 def _describe(exc: BaseException) -> str:
     cause = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
     text = str(cause) if cause is not None else ""

@@ -235,6 +235,8 @@ class Connection(Protocol):
 
     #: ``response.extensions["network_stream"]``: the connection, for inspection only.
     network_stream: NetworkStream
+    #: The credential-free URL of the proxy the connection goes through, or ``None``.
+    proxy: str | None
 
     def start_exchange(self, reused: bool) -> Exchange:
         """A new exchange; ``reused``: the connection has served a request before."""

@@ -38,6 +38,7 @@ from ._exchange import (
     next_connection_id,
     run_io,
 )
+from ._proxy import forwarded_head
 from ._streams import NetStream, NetworkStream
 from ._trace import TraceFn, Tracer
 
@@ -60,10 +61,12 @@ class HTTP11Connection:
         "_head_bytes",
         "_reusable",
         "_stream",
+        "forward",
         "id",
         "keep_alive",
         "network_stream",
         "origin",
+        "proxy",
         "received_any",
         "reused",
         "tracer",
@@ -83,6 +86,13 @@ class HTTP11Connection:
         self.wrote_any = False  # a request byte was handed to the OS in the current exchange
         self.network_stream = NetworkStream(stream)  # the response extension
         self.tracer: Tracer | None = None  # the current exchange's, when it is traced
+        #: The proxy this connection goes through (its credential-free URL), or ``None``.
+        self.proxy: str | None = None
+        #: Set when the connection is to an HTTP proxy that *forwards* each request (an
+        #: ``http://`` target): the headers for the proxy (``Proxy-Authorization``...),
+        #: sent with an absolute-form request target.  ``None``: a direct connection or a
+        #: tunnel, where requests go out as they are.
+        self.forward: tuple[tuple[bytes, bytes], ...] | None = None
 
     # -- the Connection protocol: one exchange at a time, the connection is the exchange ---
     def start_exchange(self, reused: bool) -> HTTP11Connection:
@@ -128,6 +138,10 @@ class HTTP11Connection:
         target = request.extensions.get("target", request.url.raw_path)
         method = request.method.encode("ascii")
         headers = request.headers.raw
+        if self.forward is not None:
+            target, headers = forwarded_head(
+                request.url, request.extensions.get("target"), headers, self.forward
+            )
         early: Head | None = None
         small = _small_body(request)
         if small is not None and tracer is None and not _expects_continue(headers):

@@ -219,6 +219,7 @@ class HTTP2Connection:
         self._h2 = _H2Connection(config=config)
         self._net = stream
         self.network_stream = NetworkStream(stream)  # the response extension
+        self.proxy: str | None = None  # the proxy this connection goes through (its URL)
         self._listener = listener
         self._max_streams = max_streams
         self._ping_after = ping_after

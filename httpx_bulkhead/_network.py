@@ -19,6 +19,8 @@ import httpx
 
 from ._config import DEFAULT_PORTS
 from ._exceptions import raise_mapped
+from ._proxied import connect_via
+from ._proxy_config import ProxyRoutes, ProxySpec
 from ._streams import AnyioStream, AsyncioStream, NetStream, NetworkStream, StreamProtocol
 from ._tls import TLSEngine
 from ._trace import TraceFn, emit
@@ -30,10 +32,16 @@ SocketOption: TypeAlias = (
 )
 
 _TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+_NO_PROXIES = ProxyRoutes.none()
 
 
 class Network(Protocol):
-    """Opens connections: ``Connector`` (sockets), or ``testing.MockNetwork`` in tests."""
+    """Opens connections: ``Connector`` (sockets), or ``testing.MockNetwork`` in tests.
+
+    A network that routes through proxies also has ``proxy_for(url) -> ProxySpec | None``
+    (``Connector`` does): the compartment reads it to mark each new connection with its
+    proxy (forwarding, statistics).  Without it, connections are direct.
+    """
 
     async def connect(
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
@@ -51,6 +59,8 @@ class Connector:
         socket_options: ``setsockopt`` arguments applied to each new socket.
         retries: extra connect attempts after a ``ConnectError``/``ConnectTimeout``,
             with exponential back-off (0 s, 0.5 s, 1 s, ...).
+        proxies: which proxy each origin goes through (``_proxy_config``); empty: none.
+        proxy_ssl_context: for ``https://`` proxies given without an ``ssl_context``.
     """
 
     ssl_context: ssl.SSLContext
@@ -58,6 +68,18 @@ class Connector:
     uds: str | None = None
     socket_options: tuple[SocketOption, ...] = ()
     retries: int = 0
+    proxies: ProxyRoutes = _NO_PROXIES
+    proxy_ssl_context: ssl.SSLContext | None = None
+
+    def proxy_for(self, url: httpx.URL) -> ProxySpec | None:
+        """The proxy requests to ``url``'s origin go through; ``None``: direct."""
+        return self.proxies.choose(url)
+
+    async def open_tcp(self, host: str, port: int) -> AsyncioStream | AnyioStream:
+        """A TCP stream to ``host:port`` (socket options applied).  Raises ``OSError``."""
+        if _on_asyncio():
+            return await self._open_asyncio(host, port)
+        return await self._open_anyio(host, port)
 
     async def connect(
         self,
@@ -91,6 +113,10 @@ class Connector:
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
     ) -> NetStream:
         url = request.url
+        if self.proxies:
+            spec = self.proxies.choose(url)
+            if spec is not None:
+                return await connect_via(self, spec, request, timeout=timeout, trace=trace)
         host = url.raw_host.decode("ascii")
         port = url.port or DEFAULT_PORTS[url.scheme]
         sni = request.extensions.get("sni_hostname") or host

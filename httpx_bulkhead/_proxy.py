@@ -45,6 +45,7 @@ __all__ = [
     "ConnectHandshake",
     "Handshake",
     "Socks5Handshake",
+    "forwarded_head",
     "run_handshake",
     "tunnel_authority",
 ]
@@ -81,6 +82,25 @@ async def run_handshake(stream: NetStream, handshake: Handshake, timeout: float 
             await stream.send(data, timeout)
         if handshake.receive(await stream.receive(_RECEIVE, timeout)):
             return handshake.leftover
+
+
+def forwarded_head(
+    url: httpx.URL,
+    target: bytes | None,
+    headers: list[tuple[bytes, bytes]],
+    proxy_headers: tuple[tuple[bytes, bytes], ...],
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The request target and headers of a request *forwarded* by an HTTP proxy (an
+    ``http://`` target, no tunnel): the absolute form ``scheme://host[:port]/path?query``
+    (RFC 9112 §3.2.2; no userinfo, no fragment; ``target``, the ``"target"`` extension,
+    replaces the path and query when given) and ``proxy_headers`` first, except those whose
+    name the request also has (httpcore's order and rule), then the request's own."""
+    absolute = url.raw_scheme + b"://" + url.netloc + (url.raw_path if target is None else target)
+    if not proxy_headers:
+        return absolute, headers
+    names = {name.lower() for name, _ in headers}
+    merged = [(name, value) for name, value in proxy_headers if name.lower() not in names]
+    return absolute, merged + headers
 
 
 def tunnel_authority(host: str, port: int) -> str:

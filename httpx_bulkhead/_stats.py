@@ -190,12 +190,15 @@ class CompartmentStats:
     wait_p95: float
     wait_p99: float
     wait_max: float
+    #: Open connections that go through a proxy (tunnels, and connections to a proxy
+    #: that forwards plain-HTTP requests); included in ``connections``.
+    proxied_connections: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """Every field, grouped as ``str()`` shows them, for logs and JSON::
 
             {"name": ..., "slots": {"running", "waiting", "limit", "max_pending"},
-             "connections": {"open", "idle", "in_use", "waiting", "created"},
+             "connections": {"open", "idle", "in_use", "waiting", "created", "proxied"},
              "requests": {"acquired", "completed", "failed", "cancelled", "rejected",
                           "acquire_timeouts", "cancelled_waiting", "stale_retries",
                           "leaked_responses"},
@@ -257,6 +260,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("in_use", "in_use_connections"),
             ("waiting", "waiting_for_connection"),
             ("created", "connections_created"),
+            ("proxied", "proxied_connections"),
         ),
     ),
     (
@@ -322,6 +326,8 @@ class ExchangeInfo:
     retried: bool
     #: A number identifying the connection within this process (for logs).
     connection_id: int
+    #: The proxy the request went through (its URL, never with credentials), or ``None``.
+    proxy: str | None = None
 
 
 def compartment_stats(
@@ -369,6 +375,7 @@ def _connection_fields(connections: Connections) -> dict[str, Any]:
         "in_use_connections": pool.total - pool.idle,
         "waiting_for_connection": pool.waiting,
         "connections_created": pool.created,
+        "proxied_connections": connections.proxied(),
         "scale_outs": pool.scale_outs,
         "stream_waits": pool.stream_waits,
     }
@@ -401,6 +408,7 @@ _GAUGES = frozenset(
         "idle_connections",
         "in_use_connections",
         "waiting_for_connection",
+        "proxied_connections",
         "http2_connections",
         "open_streams",
         "stream_caps",

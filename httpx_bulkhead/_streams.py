@@ -406,7 +406,9 @@ class NetworkStream:
     (``(host, port)``; a path or ``""`` on a Unix socket), ``"socket"`` (the
     ``socket.socket``; under trio too, where httpcore gives trio's socket wrapper) and
     ``"is_readable"``; anything else ``None``.  Use the socket to read its options or
-    addresses, never to read, write or close it.
+    addresses, never to read, write or close it.  Through a proxy, ``ssl_object`` is the
+    target's TLS session, and the socket and addresses are those of the connection to the
+    proxy.
 
     The connection belongs to the pool and may carry other requests (HTTP/2 streams,
     later HTTP/1.1 exchanges), so ``read``, ``write``, ``start_tls`` and ``aclose`` are
@@ -423,11 +425,12 @@ class NetworkStream:
         stream = self._stream
         if info == "is_readable":
             return stream.is_readable()
-        if not isinstance(stream, AsyncioStream | AnyioStream):
-            return None  # testing.MockNetwork: no socket
+        # Socket streams, and a TLS stream stacked inside an https proxy's (its
+        # ``ssl_object`` is the target's session, its ``socket`` the one to the proxy);
+        # testing.MockNetwork's has neither.
         if info == "ssl_object":
-            return stream.ssl_object
-        sock = stream.socket
+            return getattr(stream, "ssl_object", None)
+        sock = getattr(stream, "socket", None)
         if info == "socket":
             return sock
         if sock is None or info not in ("client_addr", "server_addr"):

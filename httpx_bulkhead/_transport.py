@@ -6,6 +6,7 @@ import random
 import ssl
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import NoReturn
@@ -17,6 +18,8 @@ from ._compartment import Compartment
 from ._config import DEFAULT_PORTS, Group, HTTPVersions, Origin, Policy
 from ._exceptions import TransportClosed
 from ._network import Connector, Network, SocketOption, set_alpn
+from ._proxied import proxy_ssl_context
+from ._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
 from ._stats import EVICTED, CompartmentStats, fold_evicted
@@ -65,7 +68,15 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         limits: ``httpx.Limits`` mapped onto the default policy (per compartment); give
             either this or ``default``.
         verify, cert, trust_env: TLS settings, as for ``httpx.AsyncHTTPTransport``
-            (verification is on by default).
+            (verification is on by default).  ``trust_env`` also reads the proxy
+            variables (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``) as
+            httpx's client does, unless ``proxy`` is given.
+        proxy: a URL string, ``httpx.URL`` or ``httpx.Proxy`` (``auth``, ``headers``,
+            ``ssl_context``) every request goes through: ``http://`` and ``https://``
+            proxies (forwarding for ``http://`` targets, a ``CONNECT`` tunnel for
+            ``https://`` ones), ``socks5://`` (we resolve the target's name) and
+            ``socks5h://`` (the proxy does).  Compartments stay keyed by the target.
+            ``None`` (default): the environment's, with ``trust_env``.
         http1, http2: the HTTP versions spoken, as for ``httpx.AsyncHTTPTransport``: HTTP/2
             is negotiated by ALPN on https; on http it is used (h2c, prior knowledge) only
             when ``http1=False``.
@@ -99,6 +110,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         verify: ssl.SSLContext | str | bool = True,
         cert: httpx._types.CertTypes | None = None,
         trust_env: bool = True,
+        proxy: ProxyValue | None = None,
         http1: bool = True,
         http2: bool = False,
         retries: int = 0,
@@ -117,12 +129,15 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
         parser = check_parser(DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser)
         self._versions = HTTPVersions(http1=http1, http2=http2, http1_parser=parser)
+        proxies = _proxies(proxy, trust_env, uds, network)
         self._connector: Network = network or Connector(
             ssl_context=context,
             local_address=local_address,
             uds=uds,
             socket_options=tuple(socket_options or ()),
             retries=retries,
+            proxies=proxies,
+            proxy_ssl_context=_proxy_context(proxies, trust_env),
         )
         self._clock = _clock
         self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
@@ -245,6 +260,31 @@ def _default_policy(default: Policy | None, limits: httpx.Limits | None) -> Poli
     if not isinstance(default, Policy):
         raise TypeError(f"default must be a Policy, got {type(default).__name__}")
     return default
+
+
+def _proxies(
+    proxy: ProxyValue | None, trust_env: bool, uds: str | None, network: Network | None
+) -> ProxyRoutes:
+    """The proxy table: ``proxy=``, else the environment's with ``trust_env`` (read once,
+    here, as httpx's client does).  A ``network`` (``MockNetwork``) or a Unix socket
+    (``uds``) has no proxies: the environment is not read for them, and ``proxy=`` with
+    either is refused."""
+    if proxy is not None and network is not None:
+        raise ValueError("proxy= cannot be used with network= (a MockNetwork has no proxies)")
+    if proxy is not None and uds is not None:
+        raise ValueError("proxy= cannot be used with uds= (give one or the other)")
+    read_env = trust_env and proxy is None and network is None and uds is None
+    return proxy_routes(
+        proxy,
+        trust_env=read_env,
+        proxy_info=urllib.request.getproxies() if read_env else {},
+    )
+
+
+def _proxy_context(routes: ProxyRoutes, trust_env: bool) -> ssl.SSLContext | None:
+    if any(spec.kind is ProxyKind.HTTPS and spec.ssl_context is None for spec in routes.proxies):
+        return proxy_ssl_context(trust_env)
+    return None
 
 
 def _check(http1: bool, http2: bool, retries: int, bound: int | None) -> None:

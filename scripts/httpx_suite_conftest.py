@@ -7,8 +7,9 @@ extracted httpx tree.  Driven by environment variables set by ``httpx_suite.py``
     a JSON-lines file: one line per test phase report (node id, phase, outcome, reason).
 ``HTTPX_SUITE_PATCH``
     ``"1"``: a client created without ``transport=`` (``httpx.AsyncClient._init_transport``)
-    gets a ``BulkheadTransport`` built from the same keyword arguments.  The proxy transports
-    (``_init_proxy_transport``) and the sync ``httpx.Client`` are left alone.
+    gets a ``BulkheadTransport`` built from the same keyword arguments, and so does each proxy
+    mount (``httpx.AsyncClient._init_proxy_transport``: ``BulkheadTransport(proxy=...)``).
+    The sync ``httpx.Client`` is left alone.
 
 In both runs uvicorn's ``http="auto"`` is pinned to its h11 implementation, as in httpx's own
 CI (which does not install httptools): with httptools installed, uvicorn writes
@@ -71,7 +72,32 @@ def _patch_async_client() -> None:
         _created.append(created)
         return created
 
+    def _init_proxy_transport(
+        self: httpx.AsyncClient,
+        proxy: httpx.Proxy,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = httpx._config.DEFAULT_LIMITS,
+    ) -> httpx.AsyncBaseTransport:
+        # What AsyncClient gives AsyncHTTPTransport(proxy=...) for each proxy mount
+        # (``proxy=`` on the client, or one per environment proxy).
+        created = BulkheadTransport(
+            verify=verify,
+            cert=cert,
+            trust_env=trust_env,
+            http1=http1,
+            http2=http2,
+            limits=limits,
+            proxy=proxy,
+        )
+        _created.append(created)
+        return created
+
     httpx.AsyncClient._init_transport = _init_transport  # type: ignore[method-assign]
+    httpx.AsyncClient._init_proxy_transport = _init_proxy_transport  # type: ignore[method-assign]
 
 
 def _pin_uvicorn_h11() -> None:

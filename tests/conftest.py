@@ -14,6 +14,21 @@ from tests.servers import HypercornServer, TestApp
 _names = itertools.count()
 
 
+#: Proxy variables of the environment: BulkheadTransport reads them (trust_env), as httpx does.
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_proxies_from_the_environment() -> Iterator[None]:
+    """The tests talk to 127.0.0.1 only: a developer's HTTP_PROXY (or a CI runner's) must not
+    send them elsewhere.  Tests of the environment's proxies set their own (monkeypatch)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in _PROXY_VARIABLES:
+            patch.delenv(name, raising=False)
+            patch.delenv(name.upper(), raising=False)
+        yield
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Integration tests run under both backends httpx supports."""

@@ -33,6 +33,9 @@ class _Connections:
     def http2(self) -> list[_H2]:
         return [_H2(5, 100), _H2(1, 10)]
 
+    def proxied(self) -> int:
+        return 11
+
 
 def test_each_field_comes_from_its_source() -> None:
     slots = Slots("c", Policy(max_concurrency=3), lambda: 0.0)
@@ -61,4 +64,5 @@ def test_each_field_comes_from_its_source() -> None:
         assert getattr(stats, name) == 10 + i, name
     assert (stats.http2_connections, stats.open_streams, stats.stream_caps) == (2, 6, (10, 100))
     assert (stats.goaways, stats.streams_reset) == (3, 4)
+    assert stats.proxied_connections == 11
     assert (stats.stale_retries, stats.replays, stats.leaked_responses) == (1, 2, 3)

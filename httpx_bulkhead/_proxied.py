@@ -1,0 +1,227 @@
+"""Connecting through a proxy: the connector's path when ``ProxyRoutes`` names one.
+
+Theory of operation
+-------------------
+``connect_via`` turns a request and the ``ProxySpec`` chosen for its origin into one byte
+stream that carries HTTP to the *target*, or, for forwarding, to the proxy:
+
+1. TCP to the proxy (the transport's ``local_address`` and ``socket_options``); a refusal
+   is an ``httpx.ConnectError`` naming the proxy.
+2. ``https://`` proxy: TLS to the proxy (its ``ssl_context``, else the transport's
+   default proxy context: verification on, ALPN ``http/1.1`` only).
+3. Then, by ``forwards(kind, scheme)``:
+   * an ``http://`` target through an HTTP(S) proxy is *forwarded*: the stream is the
+     connection to the proxy, and the HTTP/1.1 connection sends absolute-form request
+     targets with the proxy's headers (``_http11``, ``_proxy.forwarded_head``);
+   * anything else is a *tunnel*: ``CONNECT`` (HTTP proxies) or the SOCKS5 handshake
+     (``_proxy``), after which the stream reaches the target.  ``socks5://`` resolves the
+     target's name here and sends the address; ``socks5h://`` sends the name.
+4. ``https://`` target: TLS to the target inside the tunnel, with the transport's context
+   (SNI and certificate checks for the target's name, ALPN ``h2`` when HTTP/2 is on).
+   Through an ``https://`` proxy this TLS is stacked on the proxy's (``_stacked``).
+
+Invariants:
+
+* One deadline, the connect timeout, bounds all of it (``anyio.fail_after`` around the
+  whole): a proxy that trickles or never answers costs at most the connect timeout, then
+  ``httpx.ConnectTimeout``.
+* Whatever fails or is cancelled, the stream is closed before the exception leaves: a
+  half-open tunnel never reaches the pool.  No raw ``OSError``, ``ssl`` or anyio error
+  leaves: refusals and malformed answers are ``httpx.ProxyError``, the rest
+  ``httpx.ConnectError`` / ``ConnectTimeout``, each naming the proxy by its
+  credential-free URL.
+* After the proxy's answer the tunnel must be silent: a byte already there (neither TLS
+  nor HTTP/1.1 servers speak first) is a ``ProxyError``, not data for the target.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+
+from ._config import DEFAULT_PORTS
+from ._exceptions import describe_error
+from ._proxy import ConnectHandshake, Handshake, Socks5Handshake, run_handshake, tunnel_authority
+from ._proxy_config import ProxyKind, ProxySpec
+from ._stacked import StackedTLSStream
+from ._streams import AnyioStream, AsyncioStream, NetStream, NetworkStream
+from ._tls import TLSEngine
+from ._trace import TraceFn, emit
+
+if TYPE_CHECKING:
+    from ._network import Connector
+
+__all__ = ["connect_via", "forwards", "proxy_ssl_context"]
+
+_HTTP_KINDS = (ProxyKind.HTTP, ProxyKind.HTTPS)
+
+
+def forwards(kind: ProxyKind, scheme: str) -> bool:
+    """Whether a request of ``scheme`` through a proxy of ``kind`` is forwarded (sent to
+    the proxy in absolute form) rather than tunnelled."""
+    return scheme == "http" and kind in _HTTP_KINDS
+
+
+def proxy_ssl_context(trust_env: bool) -> ssl.SSLContext:
+    """The context for ``https://`` proxies given without their own: verification on
+    (certifi, or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` with ``trust_env``), ALPN
+    ``http/1.1`` (a proxy connection never speaks HTTP/2, as in httpcore)."""
+    context = httpx.create_ssl_context(trust_env=trust_env)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+async def connect_via(
+    connector: Connector,
+    spec: ProxySpec,
+    request: httpx.Request,
+    *,
+    timeout: float | None,
+    trace: TraceFn | None,
+) -> NetStream:
+    """A stream for ``request`` through the proxy ``spec`` (see the module docstring).
+
+    Trace events (httpcore's names): ``connection.connect_tcp`` (to the proxy),
+    ``connection.start_tls`` (to an https proxy, then to the target).
+
+    Raises:
+        httpx.ProxyError, httpx.ConnectError, httpx.ConnectTimeout.
+    """
+    url = request.url
+    host = url.raw_host.decode("ascii")
+    port = url.port or DEFAULT_PORTS[url.scheme]
+    stream: NetStream | None = None
+    step = "connect_tcp"
+    try:
+        with anyio.fail_after(timeout):
+            await emit(trace, "connection.connect_tcp.started", _tcp_info(connector, spec, timeout))
+            try:
+                stream = await connector.open_tcp(spec.host, spec.port)
+            except OSError as exc:
+                raise httpx.ConnectError(
+                    f"cannot connect to proxy {spec.url}: {describe_error(exc)}"
+                ) from exc
+            await emit(trace, "connection.connect_tcp.complete", {"return_value": _shown(stream)})
+            if spec.kind is ProxyKind.HTTPS:
+                step = "start_tls"
+                context = spec.ssl_context or connector.proxy_ssl_context
+                assert context is not None  # the transport made one: an https proxy is routed
+                await _start_tls(stream, TLSEngine(context, spec.host), trace, context, timeout)
+            if forwards(spec.kind, url.scheme):
+                return stream
+            step = "proxy_handshake"
+            handshake = await _handshake(spec, host, port)
+            if await run_handshake(stream, handshake, timeout) or stream.is_readable():
+                raise httpx.ProxyError(
+                    f"proxy {spec.url} sent bytes after opening the tunnel to"
+                    f" {tunnel_authority(host, port)} (or closed it at once)"
+                )
+            if url.scheme == "https":
+                step = "start_tls"
+                sni = request.extensions.get("sni_hostname") or host
+                engine = TLSEngine(connector.ssl_context, sni)
+                context = connector.ssl_context
+                if spec.kind is ProxyKind.HTTPS:
+                    stream = StackedTLSStream(stream, engine)
+                    await _start_tls(stream, engine, trace, context, timeout)
+                else:
+                    await _start_tls(stream, engine, trace, context, timeout)
+            return stream
+    except BaseException as exc:
+        if stream is not None:
+            await stream.aclose()
+        if not isinstance(exc, Exception):
+            raise
+        mapped = _mapped(exc, spec, step, request)
+        await emit(
+            trace,
+            f"connection.{'start_tls' if step == 'start_tls' else 'connect_tcp'}.failed",
+            {"exception": mapped},
+        )
+        raise mapped from (None if mapped is exc else exc)
+
+
+async def _start_tls(
+    stream: NetStream,
+    engine: TLSEngine,
+    trace: TraceFn | None,
+    context: ssl.SSLContext,
+    timeout: float | None,
+) -> None:
+    if trace is not None:
+        info = {
+            "ssl_context": context,
+            "server_hostname": engine.ssl_object.server_hostname,
+            "timeout": timeout,
+        }
+        await trace("connection.start_tls.started", info)
+    if isinstance(stream, StackedTLSStream):
+        await stream.handshake(timeout)
+    else:
+        assert isinstance(stream, AsyncioStream | AnyioStream)
+        await stream.start_tls(engine)
+    if trace is not None:
+        await trace("connection.start_tls.complete", {"return_value": _shown(stream)})
+
+
+async def _handshake(spec: ProxySpec, host: str, port: int) -> Handshake:
+    if not spec.kind.is_socks:
+        authority = tunnel_authority(host, port)
+        return ConnectHandshake(str(spec.url), authority, spec.proxy_headers)
+    if spec.kind is ProxyKind.SOCKS5:
+        host = await _resolve(host, port)
+    return Socks5Handshake(str(spec.url), host, port, spec.auth)
+
+
+async def _resolve(host: str, port: int) -> str:
+    """``socks5://``: the client resolves the name (the first address the system gives)."""
+    try:
+        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise httpx.ConnectError(f"cannot resolve {host}: {describe_error(exc)}") from exc
+    address = infos[0][4][0]
+    return address if isinstance(address, str) else host
+
+
+def _mapped(
+    exc: Exception, spec: ProxySpec, step: str, request: httpx.Request
+) -> httpx.TransportError:
+    """The httpx error for a failed proxied connect, naming the proxy (never its
+    credentials: ``spec.url`` has none)."""
+    if isinstance(exc, httpx.TransportError):
+        mapped = exc
+    elif isinstance(exc, TimeoutError):
+        mapped = httpx.ConnectTimeout(f"connect timed out (through proxy {spec.url})")
+    elif isinstance(exc, ssl.SSLError | OSError | anyio.BrokenResourceError | anyio.EndOfStream):
+        where = {
+            "connect_tcp": "connecting to",
+            "start_tls": "in the TLS handshake through",
+            "proxy_handshake": "in the handshake with",
+        }[step]
+        mapped = httpx.ConnectError(f"{describe_error(exc)} ({where} proxy {spec.url})")
+    elif isinstance(exc, anyio.ClosedResourceError):
+        mapped = httpx.ConnectError(f"connection was closed (through proxy {spec.url})")
+    elif isinstance(exc, ValueError):  # a target name SOCKS5 cannot carry
+        mapped = httpx.ConnectError(f"{exc} (through proxy {spec.url})")
+    else:  # pragma: no cover - a bug of ours: let it surface as it is
+        raise exc
+    mapped.request = request
+    return mapped
+
+
+def _tcp_info(connector: Connector, spec: ProxySpec, timeout: float | None) -> dict[str, Any]:
+    return {
+        "host": spec.host,
+        "port": spec.port,
+        "local_address": connector.local_address,
+        "timeout": timeout,
+        "socket_options": list(connector.socket_options),
+    }
+
+
+def _shown(stream: NetStream) -> NetworkStream:
+    return NetworkStream(stream)
