@@ -27,6 +27,7 @@ import httpx
 
 from ._config import HTTPVersions, Origin, Policy
 from ._connections import Connections, Lease
+from ._events import Recorder, protocol_of
 from ._exceptions import AcquireTimeout
 from ._exchange import (
     ClosedEarly,
@@ -81,6 +82,17 @@ class Compartment:
         self.stale_retries = 0
         self.replays = 0
         self.leaked = 0
+        self._sink: Recorder | None = None
+
+    @property
+    def sink(self) -> Recorder | None:
+        """Where this compartment's per-event figures go (``_events.py``); ``None``
+        (default): nowhere, at the cost of one attribute check per request."""
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: Recorder | None) -> None:
+        self._sink = self.connections.sink = sink
 
     # -- a request's whole life ----------------------------------------------------------
     async def handle(self, request: httpx.Request, origin: Origin) -> httpx.Response:
@@ -97,7 +109,7 @@ class Compartment:
         try:
             waited = await self.slots.acquire(budget, request)
         except AcquireTimeout:
-            self.slots.waits.record(self._clock() - started)  # failed waits count too
+            self._waited(self._clock() - started, None)  # failed waits count too
             raise
         try:
             timeouts = self._timeouts(timeout)
@@ -107,17 +119,27 @@ class Compartment:
             )
         except BaseException as exc:
             if isinstance(exc, AcquireTimeout):
-                self.slots.waits.record(self._clock() - started)
+                self._waited(self._clock() - started, None)
             self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
             raise
         stream = ResponseStream(self, lease, exchange, request, timeouts)
         try:  # from here the response stream owns the slot and the exchange
             queue_wait = waited + conn_wait
             self.slots.waits.record(queue_wait)
+            sink = self._sink
+            if sink is not None:
+                sink.queue_time(queue_wait, protocol_of(lease.multiplexed))
             return _response(head, stream, self.name, queue_wait, exchange, retried, lease.conn)
         except BaseException as exc:
             await stream.fail(exc)
             raise
+
+    def _waited(self, seconds: float, protocol: str | None) -> None:
+        """Record an acquire wait (the quantiles' window, and the sink's histogram)."""
+        self.slots.waits.record(seconds)
+        sink = self._sink
+        if sink is not None:
+            sink.queue_time(seconds, protocol)
 
     def _timeouts(self, timeout: Mapping[str, float | None]) -> Timeouts:
         """httpx's read/write timeouts and our deadline, which starts with the slot."""

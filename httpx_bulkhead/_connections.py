@@ -26,10 +26,12 @@ import anyio
 import httpx
 
 from ._config import HTTPVersions, Origin, Policy
+from ._events import Recorder, protocol_of
 from ._exceptions import TransportClosed
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts, Verdict
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
+from ._log import debug, log_debug
 from ._network import Network
 from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
 from ._slots import acquire_timeout
@@ -91,6 +93,8 @@ class Connections(ConnectionListener):
         self.timeouts = 0  # waits for a connection that timed out
         self.goaways = 0
         self.streams_reset = 0
+        #: Where closed connections' durations go (``_events.py``); ``None``: nowhere.
+        self.sink: Recorder | None = None
 
     async def checkout(
         self,
@@ -265,8 +269,31 @@ class Connections(ConnectionListener):
             return
         with anyio.CancelScope(shield=True):
             for lease in leases:
-                self.open.pop(lease.conn, None)
+                # (the first close of a connection: ``aclose`` may list one twice)
+                if self.open.pop(lease.conn, None) is not None and (
+                    self.sink is not None or debug()
+                ):
+                    self._report_closed(lease)
                 await lease.conn.aclose()
+
+    def _report_closed(self, lease: Lease) -> None:
+        """Tell the sink and the DEBUG log how long ``lease`` was open and why it closes."""
+        seconds = self._clock() - lease.opened_at
+        reason = "closed" if lease.reason is None else lease.reason.value
+        sink = self.sink
+        if sink is not None:
+            sink.connection_closed(seconds, protocol_of(lease.multiplexed), reason)
+        log_debug(
+            "connection_closed",
+            self._name,
+            "connection %d to %s://%s:%d closed (%s) after %.3f s, %d requests served",
+            lease.conn.id,
+            *lease.origin,
+            reason,
+            seconds,
+            lease.served,
+            reason=reason,
+        )
 
     async def _close_pending(self) -> None:
         if self._closing:
