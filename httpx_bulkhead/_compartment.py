@@ -38,6 +38,7 @@ from ._exchange import (
     Timeouts,
     went_stale,
 )
+from ._leaks import LeakDetector, LeakWatch
 from ._network import Network
 from ._response import ResponseStream
 from ._slots import Slots
@@ -83,6 +84,8 @@ class Compartment:
         self.replays = 0
         self.leaked = 0
         self._sink: Recorder | None = None
+        threshold = policy.leak_threshold
+        self._leaks = None if threshold is None else LeakDetector(name, threshold, timers, clock)
 
     @property
     def sink(self) -> Recorder | None:
@@ -111,7 +114,10 @@ class Compartment:
         except AcquireTimeout:
             self._waited(self._clock() - started, None)  # failed waits count too
             raise
+        watch: LeakWatch | None = None
         try:
+            if self._leaks is not None:
+                watch = self._leaks.watch()
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
             lease, exchange, head, retried, conn_wait = await self.send(
@@ -121,8 +127,10 @@ class Compartment:
             if isinstance(exc, AcquireTimeout):
                 self._waited(self._clock() - started, None)
             self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
+            if watch is not None:
+                watch.release()
             raise
-        stream = ResponseStream(self, lease, exchange, request, timeouts)
+        stream = ResponseStream(self, lease, exchange, request, timeouts, watch)
         try:  # from here the response stream owns the slot and the exchange
             queue_wait = waited + conn_wait
             self.slots.waits.record(queue_wait)
@@ -260,6 +268,7 @@ class Compartment:
             stale_retries=self.stale_retries,
             replays=self.replays,
             leaked_responses=self.leaked,
+            slot_leaks=0 if self._leaks is None else self._leaks.detected,
         )
 
 

@@ -242,6 +242,15 @@ FIGURES: tuple[Figure, ...] = (
         _one("leaked_responses"),
     ),
     Figure(
+        "httpx_bulkhead.slots.leaked",
+        "httpx_bulkhead_slot_leaks",
+        Kind.COUNTER,
+        "{request}",
+        "Slots held longer than the compartment's leak_threshold (each counted once).",
+        None,
+        _one("slot_leaks"),
+    ),
+    Figure(
         "httpx_bulkhead.connections.created",
         "httpx_bulkhead_connections_created",
         Kind.COUNTER,

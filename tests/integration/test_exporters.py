@@ -74,6 +74,7 @@ def expected_prometheus(stats: dict[str, CompartmentStats]) -> Samples:
             put("httpx_bulkhead_requests_total", getattr(s, outcome), outcome=outcome)
         put("httpx_bulkhead_stale_retries_total", s.stale_retries)
         put("httpx_bulkhead_leaked_responses_total", s.leaked_responses)
+        put("httpx_bulkhead_slot_leaks_total", s.slot_leaks)
         put("httpx_bulkhead_connections_created_total", s.connections_created)
         for reason, field in DISCARDS.items():
             put("httpx_bulkhead_connections_discarded_total", getattr(s, field), reason=reason)
@@ -117,6 +118,7 @@ OTEL_NAMES = {
     "httpx_bulkhead_requests_total": ("httpx_bulkhead.requests.finished", "{request}"),
     "httpx_bulkhead_stale_retries_total": ("httpx_bulkhead.requests.stale_retries", "{request}"),
     "httpx_bulkhead_leaked_responses_total": ("httpx_bulkhead.responses.leaked", "{response}"),
+    "httpx_bulkhead_slot_leaks_total": ("httpx_bulkhead.slots.leaked", "{request}"),
     "httpx_bulkhead_connections_created_total": (
         "httpx_bulkhead.connections.created",
         "{connection}",
