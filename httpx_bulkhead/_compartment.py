@@ -39,6 +39,7 @@ from ._exchange import (
     went_stale,
 )
 from ._leaks import LeakDetector, LeakWatch
+from ._log import log_debug
 from ._network import Network
 from ._response import ResponseStream
 from ._slots import Slots
@@ -216,6 +217,17 @@ class Compartment:
                 self._replay(request, exchange, replays)
                 elsewhere = refused.elsewhere
                 replays += 1
+                log_debug(
+                    "replay",
+                    self.name,
+                    "HTTP/2 refused the request unprocessed (%s) on connection %d: sent again"
+                    " (replay %d of at most %d)",
+                    "REFUSED_STREAM" if elsewhere else "GOAWAY or draining",
+                    lease.conn.id,
+                    replays,
+                    MAX_REPLAYS,
+                    reason="refused_stream" if elsewhere else "goaway",
+                )
                 continue
             except BaseException as exc:
                 await self.connections.end_exchange(lease, exchange, exc)
@@ -223,6 +235,16 @@ class Compartment:
                     raise
                 retried = True
                 self.stale_retries += 1
+                log_debug(
+                    "stale_retry",
+                    self.name,
+                    "reused connection %d failed before any response byte (%s: %s): the"
+                    " request is sent again on a new connection",
+                    lease.conn.id,
+                    type(exc).__name__,
+                    exc,
+                    reason=type(exc).__name__,
+                )
                 continue
             return lease, exchange, head, retried or replays > 0, waited
 

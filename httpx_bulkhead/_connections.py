@@ -31,7 +31,7 @@ from ._exceptions import TransportClosed
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts, Verdict
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
-from ._log import debug, log_debug
+from ._log import debug, log_debug, log_warning
 from ._network import Network
 from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
 from ._slots import acquire_timeout
@@ -337,6 +337,21 @@ class Connections(ConnectionListener):
     def on_reset(self, conn: HTTP2Connection) -> None:
         self.streams_reset += 1
 
+    def on_refused_below_cap(self, conn: HTTP2Connection, opened_as: int, cap: int) -> None:
+        log_warning(
+            "stream_cap_violation",
+            self._name,
+            "the HTTP/2 server %s://%s:%d refused a stream (REFUSED_STREAM) that was open"
+            " stream %d of the %d it allows (SETTINGS_MAX_CONCURRENT_STREAMS): it accepts"
+            " fewer than it advertises; the request is replayed (further refusals on"
+            " connection %d are not logged)",
+            *conn.origin,
+            opened_as,
+            cap,
+            conn.id,
+            reason="refused_below_cap",
+        )
+
     def on_goaway(self, conn: HTTP2Connection) -> None:
         self.goaways += 1
         lease = self.open.get(conn)
@@ -355,7 +370,9 @@ class Connections(ConnectionListener):
             f"{pool.total} connections, {pool.total - pool.idle} in use,"
             f" max_connections={pool.max_connections}"
         )
-        raise acquire_timeout(self._name, "connection", self._policy, request, load)
+        error = acquire_timeout(self._name, "connection", self._policy, request, load)
+        log_debug("acquire_timeout", self._name, "%s", error, reason="connection")
+        raise error
 
     def retire(self) -> Awaitable[None] | None:
         """No more connections: close the idle ones (the returned awaitable finishes)."""

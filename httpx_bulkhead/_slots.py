@@ -19,6 +19,7 @@ import httpx
 from ._config import Policy
 from ._exceptions import AcquireTimeout, BulkheadFull, TransportClosed
 from ._limiter import Limiter, Waiter, WaiterState
+from ._log import log_debug
 from ._stats import Outcome, WaitWindow
 
 __all__ = ["Slots", "acquire_timeout"]
@@ -58,11 +59,13 @@ class Slots:
         try:
             limiter.enqueue(waiter)  # counts a refusal
         except OverflowError:
-            raise BulkheadFull(
+            error = BulkheadFull(
                 f"compartment {self._name!r} is full: {limiter.running} running, "
                 f"{limiter.waiting} waiting (max_pending={limiter.max_pending})",
                 request=request,
-            ) from None
+            )
+            log_debug("rejected", self._name, "rejected (BulkheadFull): %s", error, reason="full")
+            raise error from None
         started = self._clock()
         try:
             with anyio.fail_after(budget):
@@ -86,7 +89,9 @@ class Slots:
     def _timed_out(self, request: httpx.Request) -> NoReturn:
         self.timeouts += 1
         load = f"{self.limiter.running} running, {self.limiter.waiting} waiting"
-        raise acquire_timeout(self._name, "slot", self._policy, request, load)
+        error = acquire_timeout(self._name, "slot", self._policy, request, load)
+        log_debug("acquire_timeout", self._name, "%s", error, reason="slot")
+        raise error
 
 
 def acquire_timeout(
