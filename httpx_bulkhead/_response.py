@@ -119,12 +119,8 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished:
             return
         self._finished = True
-        compartment, lease, exchange, watch = (
-            self._compartment,
-            self._lease,
-            self._exchange,
-            self._watch,
-        )
+        compartment, lease, exchange = self._compartment, self._lease, self._exchange
+        watch = self._watch
 
         def end() -> Awaitable[None] | None:
             closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
