@@ -370,9 +370,10 @@ class Connections(ConnectionListener):
             f"{pool.total} connections, {pool.total - pool.idle} in use,"
             f" max_connections={pool.max_connections}"
         )
-        error = acquire_timeout(self._name, "connection", self._policy, request, load)
-        log_debug("acquire_timeout", self._name, "%s", error, reason="connection")
-        raise error
+        log_debug(
+            "acquire_timeout", self._name, "no connection in time (%s)", load, reason="connection"
+        )
+        raise acquire_timeout(self._name, "connection", self._policy, request, load)
 
     def retire(self) -> Awaitable[None] | None:
         """No more connections: close the idle ones (the returned awaitable finishes)."""

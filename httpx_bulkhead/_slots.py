@@ -59,13 +59,13 @@ class Slots:
         try:
             limiter.enqueue(waiter)  # counts a refusal
         except OverflowError:
-            error = BulkheadFull(
+            message = (
                 f"compartment {self._name!r} is full: {limiter.running} running, "
-                f"{limiter.waiting} waiting (max_pending={limiter.max_pending})",
-                request=request,
+                f"{limiter.waiting} waiting (max_pending={limiter.max_pending})"
             )
-            log_debug("rejected", self._name, "rejected (BulkheadFull): %s", error, reason="full")
-            raise error from None
+            log_debug("rejected", self._name, "rejected (BulkheadFull): %s", message, reason="full")
+            # (no local holds the exception: a frame <-> traceback cycle would wait for the GC)
+            raise BulkheadFull(message, request=request) from None
         started = self._clock()
         try:
             with anyio.fail_after(budget):
@@ -89,9 +89,8 @@ class Slots:
     def _timed_out(self, request: httpx.Request) -> NoReturn:
         self.timeouts += 1
         load = f"{self.limiter.running} running, {self.limiter.waiting} waiting"
-        error = acquire_timeout(self._name, "slot", self._policy, request, load)
-        log_debug("acquire_timeout", self._name, "%s", error, reason="slot")
-        raise error
+        log_debug("acquire_timeout", self._name, "no slot in time (%s)", load, reason="slot")
+        raise acquire_timeout(self._name, "slot", self._policy, request, load)
 
 
 def acquire_timeout(

@@ -482,7 +482,7 @@ async def test_opentelemetry_instruments_match_statistics(
         checked.append(len(samples))
 
     def attach(transport: BulkheadTransport) -> None:
-        instrumentation.append(otel.instrument(transport, provider))
+        instrumentation.append(otel.instrument(transport, provider, histograms=True))
 
     await scenario(app, server, check, attach)
     assert len(checked) == 2

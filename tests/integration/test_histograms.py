@@ -61,7 +61,9 @@ async def test_many_origins_keep_the_histograms_bounded_and_whole() -> None:
     )
     registry = prometheus_registry(transport)
     reader = InMemoryMetricReader()
-    instrumentation = otel.instrument(transport, MeterProvider(metric_readers=[reader]))
+    instrumentation = otel.instrument(
+        transport, MeterProvider(metric_readers=[reader]), histograms=True
+    )
     stop = threading.Event()
     scrapes: list[int] = []
     errors: list[BaseException] = []
@@ -131,7 +133,7 @@ async def test_a_meter_that_raises_never_fails_a_request(
     from httpx_bulkhead import otel
 
     transport = BulkheadTransport(default=Policy(max_concurrency=2))
-    instrumentation = otel.instrument(transport, _BrokenProvider())  # type: ignore[arg-type]
+    instrumentation = otel.instrument(transport, _BrokenProvider(), histograms=True)  # type: ignore[arg-type]
     with caplog.at_level(logging.DEBUG, logger="httpx_bulkhead"):
         async with transport, httpx.AsyncClient(transport=transport) as client:
             for path in ("/", "/close", "/", "/close"):  # queue times and closed connections
@@ -157,7 +159,9 @@ async def test_uninstrumented_transport_records_nothing(server: HypercornServer)
 
     transport = BulkheadTransport()
     reader = InMemoryMetricReader()
-    instrumentation = otel.instrument(transport, MeterProvider(metric_readers=[reader]))
+    instrumentation = otel.instrument(
+        transport, MeterProvider(metric_readers=[reader]), histograms=True
+    )
     collector = BulkheadCollector(transport)
     async with transport, httpx.AsyncClient(transport=transport) as client:
         await client.get(f"{server.url}/")

@@ -73,10 +73,10 @@ async def test_rejection_and_acquire_timeouts_are_debug(
             gate.open()
     [rejected] = events(logs, "rejected")
     assert rejected.levelno == logging.DEBUG and rejected.reason == "full"  # type: ignore[attr-defined]
-    assert "1 running, 1 waiting (max_pending=1)" in rejected.getMessage()
+    assert "is full: 1 running, 1 waiting (max_pending=1)" in rejected.getMessage()
     [timeout] = events(logs, "acquire_timeout")
     assert timeout.levelno == logging.DEBUG and timeout.reason == "slot"  # type: ignore[attr-defined]
-    assert "no slot within acquire_timeout=0.2 s" in timeout.getMessage()
+    assert "no slot in time (1 running, 0 waiting)" in timeout.getMessage()
     assert timeout.compartment == name  # type: ignore[attr-defined]
 
 
@@ -97,7 +97,7 @@ async def test_connection_acquire_timeout_is_debug(
                 await client.get(f"{server.url}/")
             gate.open()
     [timeout] = events(logs, "acquire_timeout")
-    assert timeout.reason == "connection" and "no connection within" in timeout.getMessage()  # type: ignore[attr-defined]
+    assert timeout.reason == "connection" and "no connection in time" in timeout.getMessage()  # type: ignore[attr-defined]
 
 
 async def test_eviction_and_connection_discards_are_debug(
