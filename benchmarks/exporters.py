@@ -3,7 +3,7 @@
     python -m benchmarks.exporters                 # 24 rounds of 2000 requests
     python -m benchmarks.exporters --rounds 48 --json benchmarks/exporters.json
 
-Two ``BulkheadTransport``s in one process, each driven at the transport level
+Four ``BulkheadTransport``s in one process, each driven at the transport level
 (``handle_async_request``, body read, response closed) against the Node.js server
 (``server.js``, pinned to the other core) on four origins, so four compartments:
 
@@ -11,14 +11,19 @@ Two ``BulkheadTransport``s in one process, each driven at the transport level
   ``control / bare`` shows the noise of the run);
 * ``exported``: ``httpx_bulkhead.otel.instrument`` on an SDK ``MeterProvider`` with an
   ``InMemoryMetricReader``, and a ``prometheus_client`` registry holding a
-  ``BulkheadCollector``.  While its batch runs, a scraper thread collects both (the OTel
-  reader and ``generate_latest``) once a second of its running time, as a Prometheus
-  server and an OTel periodic reader would, from another thread.
+  ``BulkheadCollector``, both with their per-event histograms (the default): every
+  request records its queue time in both, every closed connection its duration;
+* ``pulled``: the same exporters with ``histograms=False`` (observable instruments and
+  the collector only: nothing on the request path), so ``exported / pulled`` is the cost
+  of the histograms alone.
 
-Batches rotate (ABC, BCA, CAB, ...) and the result is the median over rounds of the
-paired ratio ``exported / bare`` of client CPU per request (``time.process_time``, the whole
-process, so the scraper thread's CPU is counted against ``exported``).  Since the
-exporters only pull ``statistics()`` at collection time, the ratio should be ~1.0.
+While an exported batch runs, a scraper thread collects its exporters (the OTel reader
+and ``generate_latest``) once a second of its running time, as a Prometheus server and an
+OTel periodic reader would, from another thread.
+
+Batches rotate (ABCD, BCDA, ...) and the result is the median over rounds of the paired
+ratio ``x / bare`` of client CPU per request (``time.process_time``, the whole process, so
+the scraper thread's CPU is counted against the exported transports).
 """
 
 from __future__ import annotations
@@ -92,53 +97,75 @@ class Scraper:
         self._thread.join()
 
 
+class Exported:
+    """A transport with both exporters attached, and how to scrape them."""
+
+    def __init__(self, name: str, urls: list[str], histograms: bool) -> None:
+        self.transport: BulkheadTransport = h.bulkhead_transport(CONCURRENCY)
+        self.driver = h.TransportDriver(name, self.transport, urls)
+        self.reader = InMemoryMetricReader()
+        self.provider = MeterProvider(metric_readers=[self.reader])
+        self.instrumentation = otel.instrument(self.transport, self.provider, histograms=histograms)
+        self.registry = CollectorRegistry()
+        self.collector = BulkheadCollector(self.transport, histograms=histograms)
+        self.registry.register(self.collector)
+        self.histograms = histograms
+
+    def scrape(self) -> None:
+        data = self.reader.get_metrics_data()
+        text = generate_latest(self.registry)
+        assert data is not None and b"httpx_bulkhead_requests_total" in text
+        assert (b"time_in_queue_seconds_bucket" in text) == self.histograms
+
+    def close(self) -> None:
+        self.collector.close()
+        self.instrumentation.uninstrument()
+        self.provider.shutdown()
+
+
 async def run(rounds: int, requests: int, warmup: int) -> dict[str, Any]:
     with h.NodeServer(ORIGINS) as server, h.pin():
         urls = [server.url(i) for i in range(ORIGINS)]
         bare = h.TransportDriver("bare", h.bulkhead_transport(CONCURRENCY), urls)
         control = h.TransportDriver("control", h.bulkhead_transport(CONCURRENCY), urls)
-        transport: BulkheadTransport = h.bulkhead_transport(CONCURRENCY)
-        exported = h.TransportDriver("exported", transport, urls)
-        reader = InMemoryMetricReader()
-        provider = MeterProvider(metric_readers=[reader])
-        instrumentation = otel.instrument(transport, provider)
-        registry = CollectorRegistry()
-        registry.register(BulkheadCollector(transport))
+        exported = Exported("exported", urls, histograms=True)
+        pulled = Exported("pulled", urls, histograms=False)
+        scraping: list[Exported] = []  # the exporters the scraper collects now
 
-        def scrape() -> None:
-            data = reader.get_metrics_data()
-            text = generate_latest(registry)
-            assert data is not None and b"httpx_bulkhead_requests_total" in text
-
-        scraper = Scraper(scrape)
+        scraper = Scraper(lambda: scraping[0].scrape() if scraping else None)
         try:
-            drivers = [bare, control, exported]
+            drivers = [bare, control, exported.driver, pulled.driver]
+            attached = {exported.driver: exported, pulled.driver: pulled}
             for driver in drivers:
                 await h.run_batch(driver, warmup, CONCURRENCY)
             samples: dict[str, list[h.Sample]] = {d.name: [] for d in drivers}
             for r in range(rounds):
                 k = r % len(drivers)
                 for driver in [*drivers[k:], *drivers[:k]]:
-                    if driver is exported:
+                    target = attached.get(driver)
+                    if target is not None:
+                        scraping[:] = [target]
                         scraper.resume()
                     try:
                         sample = await h.run_batch(driver, requests, CONCURRENCY)
                     finally:
                         scraper.pause()
+                        scraping.clear()
                     samples[driver.name].append(sample)
         finally:
             scraper.close()
-            instrumentation.uninstrument()
-            provider.shutdown()
+            exported.close()
+            pulled.close()
             await bare.aclose()
             await control.aclose()
-            await exported.aclose()
+            await exported.driver.aclose()
+            await pulled.driver.aclose()
 
-    def ratios(name: str) -> list[float]:
-        pairs = zip(samples[name], samples["bare"], strict=True)
+    def ratios(name: str, against: str = "bare") -> list[float]:
+        pairs = zip(samples[name], samples[against], strict=True)
         return [s.cpu_us / b.cpu_us for s, b in pairs]
 
-    exported_seconds = sum(s.wall for s in samples["exported"])
+    exported_seconds = sum(s.wall for s in samples["exported"] + samples["pulled"])
     return {
         "rounds": rounds,
         "requests_per_batch": requests,
@@ -146,8 +173,11 @@ async def run(rounds: int, requests: int, warmup: int) -> dict[str, Any]:
         "compartments": ORIGINS,
         "bare_cpu_us": statistics.median(s.cpu_us for s in samples["bare"]),
         "exported_cpu_us": statistics.median(s.cpu_us for s in samples["exported"]),
+        "pulled_cpu_us": statistics.median(s.cpu_us for s in samples["pulled"]),
         "cpu_ratio": statistics.median(ratios("exported")),
         "cpu_ratio_range": [min(ratios("exported")), max(ratios("exported"))],
+        "pulled_ratio": statistics.median(ratios("pulled")),
+        "histograms_ratio": statistics.median(ratios("exported", "pulled")),
         "control_ratio": statistics.median(ratios("control")),
         "control_ratio_range": [min(ratios("control")), max(ratios("control"))],
         "scrapes": scraper.scrapes,

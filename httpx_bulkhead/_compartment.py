@@ -27,6 +27,7 @@ import httpx
 
 from ._config import HTTPVersions, Origin, Policy
 from ._connections import Connections, Lease
+from ._events import Recorder, protocol_of
 from ._exceptions import AcquireTimeout
 from ._exchange import (
     ClosedEarly,
@@ -37,6 +38,8 @@ from ._exchange import (
     Timeouts,
     went_stale,
 )
+from ._leaks import LeakDetector, LeakWatch
+from ._log import log_debug
 from ._network import Network
 from ._response import ResponseStream
 from ._slots import Slots
@@ -81,6 +84,19 @@ class Compartment:
         self.stale_retries = 0
         self.replays = 0
         self.leaked = 0
+        self._sink: Recorder | None = None
+        threshold = policy.leak_threshold
+        self._leaks = None if threshold is None else LeakDetector(name, threshold, timers, clock)
+
+    @property
+    def sink(self) -> Recorder | None:
+        """Where this compartment's per-event figures go (``_events.py``); ``None``
+        (default): nowhere, at the cost of one attribute check per request."""
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: Recorder | None) -> None:
+        self._sink = self.connections.sink = sink
 
     # -- a request's whole life ----------------------------------------------------------
     async def handle(self, request: httpx.Request, origin: Origin) -> httpx.Response:
@@ -97,9 +113,12 @@ class Compartment:
         try:
             waited = await self.slots.acquire(budget, request)
         except AcquireTimeout:
-            self.slots.waits.record(self._clock() - started)  # failed waits count too
+            self._waited(self._clock() - started, None)  # failed waits count too
             raise
+        watch: LeakWatch | None = None
         try:
+            if self._leaks is not None:
+                watch = self._leaks.watch()
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
             lease, exchange, head, retried, conn_wait = await self.send(
@@ -107,17 +126,29 @@ class Compartment:
             )
         except BaseException as exc:
             if isinstance(exc, AcquireTimeout):
-                self.slots.waits.record(self._clock() - started)
+                self._waited(self._clock() - started, None)
             self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
+            if watch is not None:
+                watch.release()
             raise
-        stream = ResponseStream(self, lease, exchange, request, timeouts)
+        stream = ResponseStream(self, lease, exchange, request, timeouts, watch)
         try:  # from here the response stream owns the slot and the exchange
             queue_wait = waited + conn_wait
             self.slots.waits.record(queue_wait)
+            sink = self._sink
+            if sink is not None:
+                sink.queue_time(queue_wait, protocol_of(lease.multiplexed))
             return _response(head, stream, self.name, queue_wait, exchange, retried, lease.conn)
         except BaseException as exc:
             await stream.fail(exc)
             raise
+
+    def _waited(self, seconds: float, protocol: str | None) -> None:
+        """Record an acquire wait (the quantiles' window, and the sink's histogram)."""
+        self.slots.waits.record(seconds)
+        sink = self._sink
+        if sink is not None:
+            sink.queue_time(seconds, protocol)
 
     def _timeouts(self, timeout: Mapping[str, float | None]) -> Timeouts:
         """httpx's read/write timeouts and our deadline, which starts with the slot."""
@@ -186,6 +217,17 @@ class Compartment:
                 self._replay(request, exchange, replays)
                 elsewhere = refused.elsewhere
                 replays += 1
+                log_debug(
+                    "replay",
+                    self.name,
+                    "HTTP/2 refused the request unprocessed (%s) on connection %d: sent again"
+                    " (replay %d of at most %d)",
+                    "REFUSED_STREAM" if elsewhere else "GOAWAY or draining",
+                    lease.conn.id,
+                    replays,
+                    MAX_REPLAYS,
+                    reason="refused_stream" if elsewhere else "goaway",
+                )
                 continue
             except BaseException as exc:
                 await self.connections.end_exchange(lease, exchange, exc)
@@ -193,6 +235,16 @@ class Compartment:
                     raise
                 retried = True
                 self.stale_retries += 1
+                log_debug(
+                    "stale_retry",
+                    self.name,
+                    "reused connection %d failed before any response byte (%s: %s): the"
+                    " request is sent again on a new connection",
+                    lease.conn.id,
+                    type(exc).__name__,
+                    exc,
+                    reason=type(exc).__name__,
+                )
                 continue
             return lease, exchange, head, retried or replays > 0, waited
 
@@ -238,6 +290,7 @@ class Compartment:
             stale_retries=self.stale_retries,
             replays=self.replays,
             leaked_responses=self.leaked,
+            slot_leaks=0 if self._leaks is None else self._leaks.detected,
         )
 
 

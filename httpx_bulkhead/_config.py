@@ -98,6 +98,11 @@ class Policy:
             PING before it is reused, and closed if the PING is not answered within
             ``ping_timeout``. ``None`` (default) disables the check.
         ping_timeout: seconds to wait for a PING answer. Default 5.0.
+        leak_threshold: seconds a slot may be held (from acquire to response closed)
+            before it is reported as a possible leak: one WARNING on the
+            ``httpx_bulkhead`` logger with the stack that acquired it, counted in
+            ``slot_leaks``, and a second WARNING when it is released.  ``None`` (default)
+            disables it (no stack captured, no timer).  Must be finite and > 0.
     """
 
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
@@ -112,6 +117,7 @@ class Policy:
     max_streams_per_connection: int | None = DEFAULT_MAX_STREAMS
     ping_after: float | None = None
     ping_timeout: float = DEFAULT_PING_TIMEOUT
+    leak_threshold: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_concurrency", self.max_concurrency, 1)
@@ -126,6 +132,12 @@ class Policy:
         _check_int("max_streams_per_connection", self.max_streams_per_connection, 1, optional=True)
         _check_seconds("ping_after", self.ping_after, allow_zero=True)
         _check_seconds("ping_timeout", self.ping_timeout, allow_zero=False, optional=False)
+        _check_seconds("leak_threshold", self.leak_threshold, allow_zero=False)
+        leak = self.leak_threshold
+        if leak is not None and math.isinf(leak):
+            raise ValueError(
+                f"Policy.leak_threshold must be finite (None disables it), got {leak!r}"
+            )
         if self.lifetime_jitter >= 1:
             raise ValueError(f"Policy.lifetime_jitter must be < 1, got {self.lifetime_jitter!r}")
 

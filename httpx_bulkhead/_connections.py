@@ -26,10 +26,12 @@ import anyio
 import httpx
 
 from ._config import HTTPVersions, Origin, Policy
+from ._events import Recorder, protocol_of
 from ._exceptions import TransportClosed
 from ._exchange import ClosedEarly, Connection, Exchange, Timeouts, Verdict
 from ._http2 import ConnectionListener, HTTP2Connection
 from ._http11 import HTTP11Connection
+from ._log import debug, log_debug, log_warning
 from ._network import Network
 from ._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
 from ._proxied import forwards
@@ -94,6 +96,8 @@ class Connections(ConnectionListener):
         self.timeouts = 0  # waits for a connection that timed out
         self.goaways = 0
         self.streams_reset = 0
+        #: Where closed connections' durations go (``_events.py``); ``None``: nowhere.
+        self.sink: Recorder | None = None
 
     async def checkout(
         self,
@@ -278,8 +282,31 @@ class Connections(ConnectionListener):
             return
         with anyio.CancelScope(shield=True):
             for lease in leases:
-                self.open.pop(lease.conn, None)
+                # (the first close of a connection: ``aclose`` may list one twice)
+                if self.open.pop(lease.conn, None) is not None and (
+                    self.sink is not None or debug()
+                ):
+                    self._report_closed(lease)
                 await lease.conn.aclose()
+
+    def _report_closed(self, lease: Lease) -> None:
+        """Tell the sink and the DEBUG log how long ``lease`` was open and why it closes."""
+        seconds = self._clock() - lease.opened_at
+        reason = "closed" if lease.reason is None else lease.reason.value
+        sink = self.sink
+        if sink is not None:
+            sink.connection_closed(seconds, protocol_of(lease.multiplexed), reason)
+        log_debug(
+            "connection_closed",
+            self._name,
+            "connection %d to %s://%s:%d closed (%s) after %.3f s, %d requests served",
+            lease.conn.id,
+            *lease.origin,
+            reason,
+            seconds,
+            lease.served,
+            reason=reason,
+        )
 
     async def _close_pending(self) -> None:
         if self._closing:
@@ -323,6 +350,21 @@ class Connections(ConnectionListener):
     def on_reset(self, conn: HTTP2Connection) -> None:
         self.streams_reset += 1
 
+    def on_refused_below_cap(self, conn: HTTP2Connection, opened_as: int, cap: int) -> None:
+        log_warning(
+            "stream_cap_violation",
+            self._name,
+            "the HTTP/2 server %s://%s:%d refused a stream (REFUSED_STREAM) that was open"
+            " stream %d of the %d it allows (SETTINGS_MAX_CONCURRENT_STREAMS): it accepts"
+            " fewer than it advertises; the request is replayed (further refusals on"
+            " connection %d are not logged)",
+            *conn.origin,
+            opened_as,
+            cap,
+            conn.id,
+            reason="refused_below_cap",
+        )
+
     def on_goaway(self, conn: HTTP2Connection) -> None:
         self.goaways += 1
         lease = self.open.get(conn)
@@ -344,6 +386,9 @@ class Connections(ConnectionListener):
         load = (
             f"{pool.total} connections, {pool.total - pool.idle} in use,"
             f" max_connections={pool.max_connections}"
+        )
+        log_debug(
+            "acquire_timeout", self._name, "no connection in time (%s)", load, reason="connection"
         )
         raise acquire_timeout(self._name, "connection", self._policy, request, load)
 

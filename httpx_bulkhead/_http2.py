@@ -197,6 +197,11 @@ class ConnectionListener:
         early, or malformed)."""
         del conn
 
+    def on_refused_below_cap(self, conn: HTTP2Connection, opened_as: int, cap: int) -> None:
+        """The server refused (REFUSED_STREAM) a stream we opened as its ``opened_as``-th
+        open stream, within the ``cap`` it advertised (told once per connection)."""
+        del conn, opened_as, cap
+
 
 class HTTP2Connection:
     """An HTTP/2 connection in a compartment's pool."""
@@ -231,6 +236,9 @@ class HTTP2Connection:
         self._write_lock = anyio.Lock()
         self._broken: tuple[type[httpx.TransportError], str] | None = None
         self._got_settings = False
+        #: The peer's SETTINGS_MAX_CONCURRENT_STREAMS, once it sent one.
+        self._peer_cap: int | None = None
+        self._refusal_told = False  # a refusal below the peer's cap was reported
         self._window = RECEIVE_WINDOW  # our connection-level receive window, granted
         self._ping_payload: bytes | None = None  # a health-check PING in flight
         self._ping_deadline = 0.0
@@ -439,6 +447,12 @@ class HTTP2Connection:
         refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
         if refused and stream.head is None:
             stream.refused = True  # not processed (RFC 9113 §8.7): replayable
+            peer_cap = self._peer_cap
+            if 0 < stream.opened_as <= (peer_cap or 0) and not self._refusal_told:
+                # Refused although within the cap the server advertised then and now
+                # (§5.1.2 allows refusing only streams beyond it): its real limit is lower.
+                self._refusal_told = True
+                self._listener.on_refused_below_cap(self, stream.opened_as, peer_cap or 0)
         else:
             stream.received_any = True  # answered, with a reset: not a stale connection
             stream.error = f"stream reset by the server (error code {event.error_code})"
@@ -479,6 +493,8 @@ class HTTP2Connection:
     def _settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         codes = h2.settings.SettingCodes
         changed = event.changed_settings
+        if codes.MAX_CONCURRENT_STREAMS in changed:
+            self._peer_cap = changed[codes.MAX_CONCURRENT_STREAMS].new_value
         if codes.MAX_CONCURRENT_STREAMS in changed or not self._got_settings:
             self._got_settings = True
             peer = (
@@ -600,7 +616,11 @@ class HTTP2Connection:
             raise Refused() from None
         except h2.exceptions.ProtocolError as exc:
             self._local_error(exc, request)
-        self._streams[stream_id] = stream
+        streams = self._streams
+        streams[stream_id] = stream
+        peer_cap = self._peer_cap  # (for a refusal of it: was it within the peer's cap?)
+        if peer_cap is not None and len(streams) <= peer_cap:
+            stream.opened_as = len(streams)
         return stream_id
 
     def send_data(self, stream_id: int, data: bytes, request: httpx.Request) -> bool:
@@ -716,6 +736,7 @@ class H2Stream(_Sleeper):
         "head",
         "head_request",
         "live",
+        "opened_as",
         "received_any",
         "refused",
         "remote_ended",
@@ -741,6 +762,7 @@ class H2Stream(_Sleeper):
         self.remote_ended = False  # the server sent END_STREAM
         self.ended = False  # the response was read to its end
         self.refused = False  # not processed by the server: may be replayed
+        self.opened_as = 0  # its rank among open streams when opened, if within the peer's cap
         self.error: str | None = None  # a reset or a malformed response: the request fails
         self.status = 0  # of the final response, once it arrived
         self.head: ResponseHead | None = None

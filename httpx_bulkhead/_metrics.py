@@ -32,10 +32,14 @@ from ._config import parse_route_key
 from ._stats import EVICTED, CompartmentStats
 
 __all__ = [
+    "CONNECTION_DURATION",
     "DISCARD_REASONS",
     "FIGURES",
+    "HISTOGRAMS",
     "QUANTILES",
+    "QUEUE_TIME",
     "Figure",
+    "Histogram",
     "Kind",
     "protocol_version",
     "server_attributes",
@@ -238,6 +242,15 @@ FIGURES: tuple[Figure, ...] = (
         _one("leaked_responses"),
     ),
     Figure(
+        "httpx_bulkhead.slots.leaked",
+        "httpx_bulkhead_slot_leaks",
+        Kind.COUNTER,
+        "{request}",
+        "Slots held longer than the compartment's leak_threshold (each counted once).",
+        None,
+        _one("slot_leaks"),
+    ),
+    Figure(
         "httpx_bulkhead.connections.created",
         "httpx_bulkhead_connections_created",
         Kind.COUNTER,
@@ -310,6 +323,41 @@ FIGURES: tuple[Figure, ...] = (
         _one("replays"),
     ),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A per-event figure (fed by ``_events.py``, not read from ``statistics()``)."""
+
+    #: OpenTelemetry instrument name.
+    otel: str
+    #: Prometheus histogram family name (``_bucket``, ``_sum``, ``_count``).
+    prometheus: str
+    unit: str
+    description: str
+    #: Upper bounds of the buckets (``le``), ascending; ``+Inf`` is implied.
+    buckets: tuple[float, ...]
+
+
+#: The time a request waited for a slot and a connection, recorded for every acquire that
+#: got a response or timed out (the acquires of the ``wait_*`` quantiles), 0.0 included:
+#: the ``0`` bucket counts the acquires that did not wait.
+QUEUE_TIME = Histogram(
+    "http.client.request.time_in_queue",
+    "httpx_bulkhead_request_time_in_queue_seconds",
+    "s",
+    "Time a request waited for a bulkhead slot and a connection (0 when none was needed).",
+    (0.0, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+#: How long each connection was open, recorded when it closes (.NET's buckets).
+CONNECTION_DURATION = Histogram(
+    "http.client.connection.duration",
+    "httpx_bulkhead_connection_duration_seconds",
+    "s",
+    "The duration of successfully established outbound HTTP connections.",
+    (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+HISTOGRAMS = (QUEUE_TIME, CONNECTION_DURATION)
 
 
 def server_attributes(name: str) -> dict[str, str | int]:

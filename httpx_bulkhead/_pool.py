@@ -93,7 +93,9 @@ class PoolEntry(Generic[C]):
         "idle_deadline",
         "in_pool",
         "multiplexed",
+        "opened_at",
         "origin",
+        "reason",
         "served",
         "settled",
     )
@@ -110,6 +112,8 @@ class PoolEntry(Generic[C]):
         self.in_pool = True  # counted in ``total``; False once discarded
         self.served = 0  # requests it has been given
         self.settled = True  # its cap is known (an HTTP/2 connection: SETTINGS received)
+        self.opened_at = math.nan  # when the dial succeeded (the caller's clock)
+        self.reason: Discard | None = None  # why the pool dropped it, once it has
 
     @property
     def spare(self) -> int:
@@ -321,6 +325,7 @@ class Pool(Generic[C]):
         A multiplexed connection starts with a cap of one stream until the peer's
         SETTINGS arrive (``set_cap``)."""
         self._now = now
+        entry.opened_at = now
         origin = entry.origin
         self._dialing[origin] -= 1
         self.created += 1
@@ -620,6 +625,7 @@ class Pool(Generic[C]):
     def _drop(self, entry: PoolEntry[C], reason: Discard) -> None:
         self._settle(entry)
         entry.in_pool = False
+        entry.reason = reason
         self.total -= 1
         self._open[entry.origin] -= 1
         self.discards[reason] += 1

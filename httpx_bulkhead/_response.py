@@ -29,6 +29,7 @@ from ._timers import TimerHandle
 if TYPE_CHECKING:
     from ._compartment import Compartment
     from ._connections import Lease
+    from ._leaks import LeakWatch
 
 __all__ = ["ResponseStream"]
 
@@ -43,8 +44,10 @@ class ResponseStream(httpx.AsyncByteStream):
         exchange: Exchange,
         request: httpx.Request,
         timeouts: Timeouts,
+        watch: LeakWatch | None = None,
     ) -> None:
         self._compartment = compartment
+        self._watch = watch  # the slot's leak timer (``_leaks.py``), if leak_threshold is set
         self._lease = lease
         self._exchange = exchange
         self._request = request
@@ -105,7 +108,10 @@ class ResponseStream(httpx.AsyncByteStream):
             return None
         self._finished = True
         self._error = self._timeouts.expired("while the response was held unread", self._request)
-        return self._compartment.end_abandoned(self._lease, self._exchange, self._error, FAILED)
+        closing = self._compartment.end_abandoned(self._lease, self._exchange, self._error, FAILED)
+        if self._watch is not None:
+            self._watch.release()
+        return closing
 
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
@@ -114,9 +120,13 @@ class ResponseStream(httpx.AsyncByteStream):
             return
         self._finished = True
         compartment, lease, exchange = self._compartment, self._lease, self._exchange
+        watch = self._watch
 
         def end() -> Awaitable[None] | None:
-            return compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
+            closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
+            if watch is not None:
+                watch.release()
+            return closing
 
         try:
             # Warned first: whoever waits for the slot runs only after the hand-off.
@@ -150,6 +160,8 @@ class ResponseStream(httpx.AsyncByteStream):
             else:
                 outcome = CANCELLED
             self._compartment.release(outcome)
+            if self._watch is not None:
+                self._watch.release()
 
 
 def _expire_later(stream: ResponseStream) -> _Expiry:

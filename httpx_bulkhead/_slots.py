@@ -19,6 +19,7 @@ import httpx
 from ._config import Policy
 from ._exceptions import AcquireTimeout, BulkheadFull, TransportClosed
 from ._limiter import Limiter, Waiter, WaiterState
+from ._log import log_debug
 from ._stats import Outcome, WaitWindow
 
 __all__ = ["Slots", "acquire_timeout"]
@@ -58,11 +59,13 @@ class Slots:
         try:
             limiter.enqueue(waiter)  # counts a refusal
         except OverflowError:
-            raise BulkheadFull(
+            message = (
                 f"compartment {self._name!r} is full: {limiter.running} running, "
-                f"{limiter.waiting} waiting (max_pending={limiter.max_pending})",
-                request=request,
-            ) from None
+                f"{limiter.waiting} waiting (max_pending={limiter.max_pending})"
+            )
+            log_debug("rejected", self._name, "rejected (BulkheadFull): %s", message, reason="full")
+            # (no local holds the exception: a frame <-> traceback cycle would wait for the GC)
+            raise BulkheadFull(message, request=request) from None
         started = self._clock()
         try:
             with anyio.fail_after(budget):
@@ -86,6 +89,7 @@ class Slots:
     def _timed_out(self, request: httpx.Request) -> NoReturn:
         self.timeouts += 1
         load = f"{self.limiter.running} running, {self.limiter.waiting} waiting"
+        log_debug("acquire_timeout", self._name, "no slot in time (%s)", load, reason="slot")
         raise acquire_timeout(self._name, "slot", self._policy, request, load)
 
 

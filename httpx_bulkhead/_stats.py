@@ -146,6 +146,9 @@ class CompartmentStats:
     #: Responses garbage-collected without being closed (a ResourceWarning is issued and
     #: their slot returned): a bug in the caller, which would otherwise exhaust the pool.
     leaked_responses: int
+    #: Slots held longer than ``Policy.leak_threshold`` (each reported once, with a
+    #: WARNING naming where it was acquired); always 0 without a threshold.
+    slot_leaks: int
     #: Discarded connections, by reason.  Idle past ``idle_timeout`` (or the server's
     #: ``Keep-Alive: timeout``, less a margin).
     idle_expired: int
@@ -201,7 +204,7 @@ class CompartmentStats:
              "connections": {"open", "idle", "in_use", "waiting", "created", "proxied"},
              "requests": {"acquired", "completed", "failed", "cancelled", "rejected",
                           "acquire_timeouts", "cancelled_waiting", "stale_retries",
-                          "leaked_responses"},
+                          "leaked_responses", "slot_leaks"},
              "discards": {reason: count, ...},
              "http2": {"connections", "open_streams", "stream_caps" (a list), "goaways",
                        "streams_reset", "replays", "scale_outs", "stream_waits"},
@@ -275,6 +278,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("cancelled_waiting", "cancelled_waiting"),
             ("stale_retries", "stale_retries"),
             ("leaked_responses", "leaked_responses"),
+            ("slot_leaks", "slot_leaks"),
         ),
     ),
     (
@@ -335,7 +339,8 @@ def compartment_stats(
 ) -> CompartmentStats:
     """The snapshot of one compartment, from its slots, its connections and the
     ``counters`` the compartment keeps itself (``stale_retries``, ``replays``,
-    ``leaked_responses``)."""
+    ``leaked_responses``, ``slot_leaks``)."""
+    counters.setdefault("slot_leaks", 0)  # (a compartment without leak detection)
     return CompartmentStats(
         name=name,
         **_slot_fields(slots),

@@ -33,19 +33,18 @@ import concurrent.futures
 import contextlib
 import heapq
 import itertools
-import logging
 import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from ._log import logger
+
 __all__ = ["Callback", "TimerHandle", "Timers"]
 
 T = TypeVar("T")
 Callback = Callable[[], "Awaitable[None] | None"]
-
-logger = logging.getLogger("httpx_bulkhead")
 
 
 class TimerHandle:

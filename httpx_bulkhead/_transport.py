@@ -16,7 +16,9 @@ import httpx
 from ._codec import check_parser
 from ._compartment import Compartment
 from ._config import DEFAULT_PORTS, Group, HTTPVersions, Origin, Policy
+from ._events import Events, Listener
 from ._exceptions import TransportClosed
+from ._log import log_debug
 from ._network import Connector, Network, SocketOption, set_alpn
 from ._proxied import proxy_ssl_context
 from ._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
@@ -144,6 +146,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._timers = Timers()
         self._unbound = True
         self._evicted: CompartmentStats | None = None
+        self._events = Events()  # the exporters' per-event figures (``_events.py``)
         self._router: Router[Compartment] = Router(
             hosts or {},
             default,
@@ -155,7 +158,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._closed = False
 
     def _compartment(self, name: str, policy: Policy) -> Compartment:
-        return Compartment(
+        compartment = Compartment(
             name,
             policy,
             self._connector,
@@ -164,6 +167,23 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             clock=self._clock,
             rng=self._rng,
         )
+        compartment.sink = self._events.sink(name)
+        return compartment
+
+    def _listen(self, listener: Listener, *, on: bool = True) -> None:
+        """For the exporters: start (``on``) or stop feeding ``listener`` the per-event
+        figures of every compartment (``_events.py``).  Done on the transport's event loop
+        when it runs (so a compartment made meanwhile gets its sink), else directly."""
+
+        def apply() -> None:
+            events = self._events
+            if events.attach(listener) if on else events.detach(listener):
+                for name, compartment in list(self._router.compartments.items()):
+                    compartment.sink = events.sink(name)
+
+        done, _ = self._timers.run_in_loop(apply, STATISTICS_THREAD_WAIT)
+        if not done:
+            apply()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through its compartment.
@@ -192,8 +212,16 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         """Close what the router evicted and keep its counters."""
         retired, self._router.retired = self._router.retired, []
         for compartment in retired:
-            self._evicted = fold_evicted(self._evicted, compartment.statistics())
             closing = compartment.retire()
+            # After ``retire``: the idle connections it closes count as ``closed``.
+            self._evicted = fold_evicted(self._evicted, compartment.statistics())
+            self._events.retire(compartment.name)
+            log_debug(
+                "evicted",
+                compartment.name,
+                "evicted (at rest, least recently used of more than max_default_compartments)",
+                reason="max_default_compartments",
+            )
             if closing is not None:
                 await closing
 

@@ -30,9 +30,22 @@ units and descriptions are those of ``_metrics.FIGURES``:
 Every data point carries ``httpx_bulkhead.compartment``: compartments are bounded by the
 transport, and evicted ones fold into ``"(evicted)"``, which reports counters only.
 
-The per-event histograms of the conventions (``http.client.connection.duration``,
-``http.client.request.time_in_queue``) need a hook in the request path; they are not
-recorded yet (the acquire-wait quantiles stand in for the queue time).
+**Histograms are recorded per event** with ``histograms=True`` (off by default: the SDK's
+``Histogram.record`` costs 10-30 µs, about 13% of a request through this transport in
+``benchmarks/exporters.py``; the Prometheus collector's own histograms cost ~1 µs), where the event
+already happens (``_events.py``): ``http.client.request.time_in_queue`` (seconds waited
+for a slot and a connection, every acquire that got a response or timed out, 0 included,
+so its count and the acquire-wait quantiles describe the same acquires) and
+``http.client.connection.duration`` (seconds a connection was open, when it closes).  They
+carry the compartment, ``server.*``/``url.scheme`` as above and
+``network.protocol.version`` (absent on a queue time that ended in ``AcquireTimeout``).
+The attribute dicts are cached per compartment (three at most), so they are bounded like
+the compartments.  The SDK keeps a series per compartment name it has seen (for
+cumulative temporality), up to its cardinality limit (2,000 per instrument, then the
+``otel.metric.overflow`` series): with many short-lived origins, use delta temporality or
+a ``View`` dropping ``httpx_bulkhead.compartment``.  A meter provider that raises is logged
+once (ERROR) and never fails a request.  Without ``instrument`` (or after
+``uninstrument``) nothing is recorded and the request path allocates nothing.
 
 **Tracing.**  ``opentelemetry-instrumentation-httpx`` wraps the client's transport, so
 ``HTTPXClientInstrumentor.instrument_client(client)`` produces a span per request through
@@ -63,13 +76,24 @@ from typing import Any
 import httpx
 from opentelemetry.metrics import (
     CallbackOptions,
+    Histogram,
     MeterProvider,
     Observation,
     get_meter_provider,
 )
 from opentelemetry.trace import Span
 
-from ._metrics import FIGURES, Figure, Kind, protocol_version, server_attributes
+from ._log import logger
+from ._metrics import (
+    CONNECTION_DURATION,
+    FIGURES,
+    QUEUE_TIME,
+    Figure,
+    Kind,
+    protocol_version,
+    server_attributes,
+)
+from ._metrics import Histogram as HistogramSpec
 from ._stats import EVICTED, CompartmentStats, ExchangeInfo
 from ._transport import BulkheadTransport
 
@@ -174,41 +198,71 @@ class Instrumentation:
 
     OpenTelemetry's API cannot remove an instrument from a meter, so after
     ``uninstrument()`` the callbacks stay registered but report nothing and no longer
-    hold the transport; instrumenting again on the same meter provider reuses them.
+    hold the transport, and the histograms are no longer fed; instrumenting again on the
+    same meter provider reuses them.
     """
 
     def __init__(
-        self, snapshots: _Snapshots, instruments: list[object], transport: BulkheadTransport
+        self,
+        snapshots: _Snapshots,
+        instruments: list[object],
+        transport: BulkheadTransport,
+        histograms: _Histograms | None = None,
     ) -> None:
         self._snapshots = snapshots
         self._transport: BulkheadTransport | None = transport
+        self._histograms = histograms
         #: The observable instruments, in ``FIGURES`` order.
         self.instruments = instruments
+        #: The histograms (``time_in_queue``, ``connection.duration``), when recorded.
+        self.histograms: list[object] = [] if histograms is None else histograms.instruments()
 
     def uninstrument(self) -> None:
         """Stop reporting (idempotent)."""
         if self._transport is not None:
             self._snapshots.detach(self._transport)
+            if self._histograms is not None:
+                self._transport._listen(self._histograms, on=False)
         self._transport = None
 
 
-# The instruments made on each meter provider, with the snapshots they read: a provider
-# refuses a second instrument of the same name, so instrumenting again reuses them.
-_instrumented: weakref.WeakKeyDictionary[object, tuple[_Snapshots, list[object]]] = (
-    weakref.WeakKeyDictionary()
-)
+class _Provided:
+    """What ``instrument`` made on one meter provider: a provider refuses a second
+    instrument of the same name, so instrumenting again reuses them."""
+
+    def __init__(self, provider: MeterProvider, snapshots: _Snapshots) -> None:
+        self.provider = provider
+        self.snapshots = snapshots
+        self.instruments = _create(provider, snapshots)
+        self._histograms: _Histograms | None = None
+
+    def histograms(self) -> _Histograms:
+        if self._histograms is None:
+            self._histograms = _Histograms(_meter(self.provider))
+        return self._histograms
+
+
+_instrumented: weakref.WeakKeyDictionary[object, _Provided] = weakref.WeakKeyDictionary()
 _instrumented_lock = threading.Lock()
 
 
 def instrument(
-    transport: BulkheadTransport, meter_provider: MeterProvider | None = None
+    transport: BulkheadTransport,
+    meter_provider: MeterProvider | None = None,
+    *,
+    histograms: bool = False,
 ) -> Instrumentation:
-    """Publish ``transport``'s statistics as observable OpenTelemetry instruments.
+    """Publish ``transport``'s statistics as observable OpenTelemetry instruments, and
+    record its per-event histograms.
 
     Args:
         transport: the transport whose compartments are reported.
         meter_provider: where the instruments are created; ``None`` (default) means the
             global one (``opentelemetry.metrics.get_meter_provider()``).
+        histograms: also record ``http.client.request.time_in_queue`` and
+            ``http.client.connection.duration`` per event (default ``False``: the
+            observable instruments only, nothing on the request path; the SDK's
+            ``record`` costs 10-30 µs per request).
 
     Returns:
         A handle whose ``uninstrument()`` stops the reporting.
@@ -225,20 +279,26 @@ def instrument(
     with _instrumented_lock:
         known = _instrumented.get(provider)
         if known is None:
-            snapshots = _Snapshots(transport)
-            known = _instrumented[provider] = (snapshots, _create(provider, snapshots))
-        elif not known[0].attach(transport):
+            known = _instrumented[provider] = _Provided(provider, _Snapshots(transport))
+        elif not known.snapshots.attach(transport):
             raise ValueError(
                 "another BulkheadTransport is instrumented on this meter provider:"
                 " uninstrument it first, or give each transport its own MeterProvider"
             )
-    return Instrumentation(known[0], known[1], transport)
+        recorded = known.histograms() if histograms else None
+    if recorded is not None:
+        transport._listen(recorded)
+    return Instrumentation(known.snapshots, known.instruments, transport, recorded)
+
+
+def _meter(provider: MeterProvider) -> Any:
+    from . import __version__
+
+    return provider.get_meter(METER_NAME, __version__)
 
 
 def _create(provider: MeterProvider, snapshots: _Snapshots) -> list[object]:
-    from . import __version__
-
-    meter = provider.get_meter(METER_NAME, __version__)
+    meter = _meter(provider)
     create: dict[Kind, Callable[..., object]] = {
         Kind.COUNTER: meter.create_observable_counter,
         Kind.LEVEL: meter.create_observable_up_down_counter,
@@ -253,6 +313,81 @@ def _create(provider: MeterProvider, snapshots: _Snapshots) -> list[object]:
         )
         for figure in FIGURES
     ]
+
+
+class _Histograms:
+    """The per-event histograms of one meter provider: an ``_events.Listener``."""
+
+    def __init__(self, meter: Any) -> None:
+        self.queue_time: Histogram = _histogram(meter, QUEUE_TIME)
+        self.connection_duration: Histogram = _histogram(meter, CONNECTION_DURATION)
+        self._failed = False
+
+    def instruments(self) -> list[object]:
+        return [self.queue_time, self.connection_duration]
+
+    def recorder(self, compartment: str) -> _Recorder:
+        return _Recorder(self, compartment)
+
+    def retire(self, compartment: str) -> None:
+        pass  # the SDK keeps the compartment's series; nothing of ours to fold
+
+    def failed(self) -> None:
+        """A record raised (a broken SDK or exporter): log it once, never fail a request."""
+        if not self._failed:
+            self._failed = True
+            logger.error(
+                "httpx_bulkhead: recording an OpenTelemetry histogram failed (further"
+                " failures are not logged; requests are not affected)",
+                exc_info=True,
+            )
+
+
+def _histogram(meter: Any, spec: HistogramSpec) -> Histogram:
+    try:  # bucket boundaries as an advisory (opentelemetry-api >= 1.23)
+        histogram: Histogram = meter.create_histogram(
+            spec.otel,
+            unit=spec.unit,
+            description=spec.description,
+            explicit_bucket_boundaries_advisory=list(spec.buckets),
+        )
+    except TypeError:  # pragma: no cover - an older API
+        histogram = meter.create_histogram(spec.otel, unit=spec.unit, description=spec.description)
+    return histogram
+
+
+class _Recorder:
+    """One compartment's histograms, with its attribute dicts (one per protocol version:
+    three at most, dropped with the compartment)."""
+
+    __slots__ = ("_attributes", "_base", "_owner")
+
+    def __init__(self, owner: _Histograms, compartment: str) -> None:
+        self._owner = owner
+        self._base: dict[str, str | int] = {COMPARTMENT: compartment}
+        self._base.update(server_attributes(compartment))
+        self._attributes: dict[str | None, dict[str, str | int]] = {}
+
+    def _for(self, protocol: str | None) -> dict[str, str | int]:
+        attributes = self._attributes.get(protocol)
+        if attributes is None:
+            attributes = dict(self._base)
+            if protocol is not None:
+                attributes["network.protocol.version"] = protocol
+            self._attributes[protocol] = attributes
+        return attributes
+
+    def queue_time(self, seconds: float, protocol: str | None) -> None:
+        try:
+            self._owner.queue_time.record(seconds, self._for(protocol))
+        except Exception:
+            self._owner.failed()
+
+    def connection_closed(self, seconds: float, protocol: str, reason: str) -> None:
+        try:
+            self._owner.connection_duration.record(seconds, self._for(protocol))
+        except Exception:
+            self._owner.failed()
 
 
 #: Span attributes ``response_hook`` sets (all from ``response.extensions["bulkhead"]``).

@@ -14,8 +14,10 @@ checks the HTTP/2 figures against Node.js's nghttp2 (h2c, a scale-out at a cap o
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-Check = Callable[[BulkheadTransport], None]
+Check = Callable[[BulkheadTransport, bool], None]  # (transport, at rest)
 
 EVICTED = "(evicted)"
 DISCARDS = {
@@ -72,6 +74,7 @@ def expected_prometheus(stats: dict[str, CompartmentStats]) -> Samples:
             put("httpx_bulkhead_requests_total", getattr(s, outcome), outcome=outcome)
         put("httpx_bulkhead_stale_retries_total", s.stale_retries)
         put("httpx_bulkhead_leaked_responses_total", s.leaked_responses)
+        put("httpx_bulkhead_slot_leaks_total", s.slot_leaks)
         put("httpx_bulkhead_connections_created_total", s.connections_created)
         for reason, field in DISCARDS.items():
             put("httpx_bulkhead_connections_discarded_total", getattr(s, field), reason=reason)
@@ -115,6 +118,7 @@ OTEL_NAMES = {
     "httpx_bulkhead_requests_total": ("httpx_bulkhead.requests.finished", "{request}"),
     "httpx_bulkhead_stale_retries_total": ("httpx_bulkhead.requests.stale_retries", "{request}"),
     "httpx_bulkhead_leaked_responses_total": ("httpx_bulkhead.responses.leaked", "{response}"),
+    "httpx_bulkhead_slot_leaks_total": ("httpx_bulkhead.slots.leaked", "{request}"),
     "httpx_bulkhead_connections_created_total": (
         "httpx_bulkhead.connections.created",
         "{connection}",
@@ -165,11 +169,19 @@ def _server(compartment: str) -> dict[str, str]:
     return attributes
 
 
+#: A histogram as read back: compartment -> (cumulative buckets [(upper bound, count)], sum,
+#: count, max or None), per histogram name.
+Histograms = dict[str, dict[str, tuple[list[tuple[float, int]], float, int, float | None]]]
+QUEUE_TIME = ("http.client.request.time_in_queue", "httpx_bulkhead_request_time_in_queue_seconds")
+DURATION = ("http.client.connection.duration", "httpx_bulkhead_connection_duration_seconds")
+
+
 def read_otel(
-    reader: InMemoryMetricReader, transport: BulkheadTransport
+    reader: InMemoryMetricReader, transport: BulkheadTransport, histograms: Histograms | None = None
 ) -> tuple[Samples, dict[str, CompartmentStats]]:
     """One collection of ``reader`` (instruments of ``otel.instrument``), checked for
-    units, descriptions and instrument kinds, as samples; and ``statistics()`` after it."""
+    units, descriptions and instrument kinds, as samples; and ``statistics()`` after it.
+    The histograms go to ``histograms`` (summed over protocol versions per compartment)."""
     data = reader.get_metrics_data()
     stats = transport.statistics()
     assert data is not None
@@ -180,6 +192,11 @@ def read_otel(
         for sm in rm.scope_metrics:
             assert sm.scope.name == "httpx_bulkhead"
             for metric in sm.metrics:
+                if metric.name in (QUEUE_TIME[0], DURATION[0]):
+                    assert metric.unit == "s" and type(metric.data).__name__ == "Histogram"
+                    if histograms is not None:
+                        histograms[metric.name] = _otel_histogram(metric.data.data_points)
+                    continue
                 assert metric.unit == units[metric.name] and metric.description
                 kinds[metric.name] = (
                     type(metric.data).__name__,
@@ -195,14 +212,59 @@ def read_otel(
     return samples, stats
 
 
-def read_prometheus(transport: BulkheadTransport) -> tuple[Samples, dict[str, CompartmentStats]]:
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
+def _otel_histogram(
+    points: Any,
+) -> dict[str, tuple[list[tuple[float, int]], float, int, float | None]]:
+    """Data points by compartment, the protocol versions' points added up."""
+    out: dict[str, tuple[list[tuple[float, int]], float, int, float | None]] = {}
+    for point in points:
+        name = str(point.attributes["httpx_bulkhead.compartment"])
+        assert "network.protocol.version" not in point.attributes or point.attributes[
+            "network.protocol.version"
+        ] in ("1.1", "2")
+        bounds = [*point.explicit_bounds, math.inf]
+        counts = list(point.bucket_counts)
+        assert sum(counts) == point.count
+        cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+        old = out.get(name)
+        if old is not None:
+            cumulative = [a + b for a, (_, b) in zip(cumulative, old[0], strict=True)]
+            out[name] = (
+                list(zip(bounds, cumulative, strict=True)),
+                old[1] + point.sum,
+                old[2] + point.count,
+                max(old[3] or 0.0, point.max),
+            )
+        else:
+            out[name] = (
+                list(zip(bounds, cumulative, strict=True)),
+                point.sum,
+                point.count,
+                point.max,
+            )
+    return out
+
+
+def prometheus_registry(transport: BulkheadTransport) -> Any:
+    from prometheus_client import CollectorRegistry
 
     from httpx_bulkhead.prometheus import BulkheadCollector
 
     registry = CollectorRegistry()
     registry.register(BulkheadCollector(transport))
+    return registry
+
+
+def read_prometheus(
+    transport: BulkheadTransport, registry: Any = None, histograms: Histograms | None = None
+) -> tuple[Samples, dict[str, CompartmentStats]]:
+    """The collector's samples but the histograms' (which go to ``histograms``), and
+    ``statistics()`` right after."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if registry is None:
+        registry = prometheus_registry(transport)
     # Synchronous, on the event loop's thread: no request moves between the two reads.
     text = generate_latest(registry).decode()
     stats = transport.statistics()
@@ -210,6 +272,11 @@ def read_prometheus(transport: BulkheadTransport) -> tuple[Samples, dict[str, Co
     types = {}
     for family in text_string_to_metric_families(text):
         types[family.name] = family.type
+        if family.type == "histogram":
+            found = _prometheus_histogram(family.samples, family.name)
+            if histograms is not None:
+                histograms[family.name] = found
+            continue
         for sample in family.samples:
             key = _key(sample.name, **sample.labels)
             assert key not in samples, f"duplicate sample {key}"
@@ -217,7 +284,75 @@ def read_prometheus(transport: BulkheadTransport) -> tuple[Samples, dict[str, Co
     assert types["httpx_bulkhead_acquire_wait_seconds"] == "summary"
     assert types["httpx_bulkhead_rejected"] == "counter"  # the parser strips _total
     assert types["httpx_bulkhead_open_connections"] == "gauge"
+    assert types[QUEUE_TIME[1]] == types[DURATION[1]] == "histogram"
     return samples, stats
+
+
+def _prometheus_histogram(
+    samples: Any, family: str
+) -> dict[str, tuple[list[tuple[float, int]], float, int, float | None]]:
+    buckets: dict[str, list[tuple[float, int]]] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for sample in samples:
+        name = sample.labels["compartment"]
+        if sample.name == family + "_bucket":
+            buckets.setdefault(name, []).append((float(sample.labels["le"]), int(sample.value)))
+        elif sample.name == family + "_sum":
+            sums[name] = sample.value
+        else:
+            assert sample.name == family + "_count"
+            counts[name] = int(sample.value)
+    assert set(buckets) == set(sums) == set(counts)
+    for name, rows in buckets.items():
+        assert rows == sorted(rows) and rows[-1] == (math.inf, counts[name])
+        assert all(a[1] <= b[1] for a, b in itertools.pairwise(rows))  # cumulative
+    return {name: (sorted(buckets[name]), sums[name], counts[name], None) for name in buckets}
+
+
+def check_histograms(histograms: Histograms, stats: dict[str, CompartmentStats]) -> None:
+    """At rest: the queue-time histogram counts the acquires of the wait quantiles (here
+    every request that got a slot, and every acquire timeout: no request failed), its sum
+    and buckets agree with the quantiles; the connection-duration histogram counts every
+    connection closed (by any reason).  A compartment name that is no longer live counts
+    towards ``"(evicted)"``."""
+    for otel_name, prometheus_name in (QUEUE_TIME, DURATION):
+        found = histograms.get(otel_name) or histograms[prometheus_name]
+        by_entry: dict[str, tuple[int, float]] = {}
+        for name, (_, total, count, _) in found.items():
+            entry = name if name in stats else EVICTED
+            old = by_entry.get(entry, (0, 0.0))
+            by_entry[entry] = (old[0] + count, old[1] + total)
+        for name, s in stats.items():
+            count, total = by_entry.get(name, (0, 0.0))
+            assert s.failed == s.cancelled == s.cancelled_waiting == 0, s
+            if (otel_name, prometheus_name) == QUEUE_TIME:
+                assert count == s.acquired + s.acquire_timeouts, (name, count, s)
+                if name != EVICTED:
+                    _agrees_with_quantiles(found[name], s)
+            else:
+                discarded = sum(getattr(s, field) for field in DISCARDS.values())
+                assert count == discarded, (name, count, s)
+            assert total >= 0 and (count > 0 or total == 0)
+
+
+def _agrees_with_quantiles(
+    histogram: tuple[list[tuple[float, int]], float, int, float | None], s: CompartmentStats
+) -> None:
+    """Every wait is in the window (fewer than 1024): the nearest-rank quantiles are
+    observations, so each bucket bound splits the ranks where they say."""
+    buckets, total, count, largest = histogram
+    assert 0 < count <= 1024
+    assert s.wait_max <= total <= count * s.wait_max + 1e-9
+    if largest is not None:  # OpenTelemetry keeps the maximum
+        assert largest == s.wait_max
+    for q, value in ((0.5, s.wait_p50), (0.95, s.wait_p95), (0.99, s.wait_p99), (1, s.wait_max)):
+        rank = max(1, math.ceil(q * count))
+        for bound, cumulative in buckets:
+            if bound >= value:
+                assert cumulative >= rank, (q, value, bound, cumulative)
+            else:
+                assert cumulative < rank, (q, value, bound, cumulative)
 
 
 def figure(transport: BulkheadTransport, compartment: str, field: str) -> object:
@@ -237,8 +372,14 @@ async def reaches(
         raise AssertionError(f"{compartment} {field} never reached {value}: {stats}") from None
 
 
-async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
-    """Drive every figure; ``check(transport)`` at the saturated moment and at rest."""
+async def scenario(
+    app: TestApp,
+    server: HypercornServer,
+    check: Check,
+    attach: Callable[[BulkheadTransport], None] = lambda transport: None,
+) -> None:
+    """Drive every figure; ``attach(transport)`` before the first request, then
+    ``check(transport, at_rest)`` at the saturated moment and at rest."""
     tls = default_server_tls()
     gate = app.gate(f"exporters-{id(check)}")
     h1 = f"127.0.0.1:{server.port}"
@@ -254,6 +395,7 @@ async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
             verify=tls.client_ssl_context(),
             max_default_compartments=1,
         )
+        attach(transport)
         async with transport, httpx.AsyncClient(transport=transport, timeout=10) as client:
             # A discard: ``Connection: close`` (not_reusable); eviction closes more below.
             await client.get(f"{server.url}/close")
@@ -280,7 +422,7 @@ async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
                     await client.get(f"{server.url}/")
                 stats = transport.statistics()
                 assert stats[h1].rejected == 1 and stats[h2srv.url].stream_caps == (3,)
-                check(transport)  # saturated
+                check(transport, False)  # saturated
                 await until(lambda: len(errors) == 1)  # the waiter's AcquireTimeout
                 gate.open()
             assert [type(e) for e in errors] == [AcquireTimeout]
@@ -295,7 +437,7 @@ async def scenario(app: TestApp, server: HypercornServer, check: Check) -> None:
             stats = transport.statistics()
             assert stats[h1].acquire_timeouts == 1 and stats[h1].not_reusable == 1
             assert stats[h1].wait_max > 0
-            check(transport)  # at rest
+            check(transport, True)  # at rest
 
 
 async def test_prometheus_collector_matches_statistics(
@@ -303,13 +445,17 @@ async def test_prometheus_collector_matches_statistics(
 ) -> None:
     pytest.importorskip("prometheus_client")
     checked: list[int] = []
+    registries: list[Any] = []
 
-    def check(transport: BulkheadTransport) -> None:
-        samples, stats = read_prometheus(transport)
+    def check(transport: BulkheadTransport, at_rest: bool) -> None:
+        histograms: Histograms = {}
+        samples, stats = read_prometheus(transport, registries[0], histograms)
         assert samples == expected_prometheus(stats)
+        if at_rest:
+            check_histograms(histograms, stats)
         checked.append(len(samples))
 
-    await scenario(app, server, check)
+    await scenario(app, server, check, lambda t: registries.append(prometheus_registry(t)))
     assert len(checked) == 2
 
 
@@ -327,19 +473,27 @@ async def test_opentelemetry_instruments_match_statistics(
     checked: list[int] = []
     instrumentation: list[otel.Instrumentation] = []
 
-    def check(transport: BulkheadTransport) -> None:
-        if not instrumentation:
-            instrumentation.append(otel.instrument(transport, provider))
-        samples, stats = read_otel(reader, transport)
+    def check(transport: BulkheadTransport, at_rest: bool) -> None:
+        histograms: Histograms = {}
+        samples, stats = read_otel(reader, transport, histograms)
         assert samples == expected_otel(stats)
+        if at_rest:
+            check_histograms(histograms, stats)
         checked.append(len(samples))
 
-    await scenario(app, server, check)
+    def attach(transport: BulkheadTransport) -> None:
+        instrumentation.append(otel.instrument(transport, provider, histograms=True))
+
+    await scenario(app, server, check, attach)
     assert len(checked) == 2
     instrumentation[0].uninstrument()
     after = reader.get_metrics_data()  # uninstrumented: the callbacks report nothing
+    observable = {name for name, _ in OTEL_NAMES.values()}
     assert after is None or not any(
-        sm.metrics for rm in after.resource_metrics for sm in rm.scope_metrics
+        metric.name in observable
+        for rm in after.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
     )
 
 
