@@ -16,6 +16,8 @@ from typing import NamedTuple, TypeAlias
 import httpx
 import idna
 
+from ._fleet_config import RedisFleetLimit
+
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
@@ -98,6 +100,11 @@ class Policy:
             PING before it is reused, and closed if the PING is not answered within
             ``ping_timeout``. ``None`` (default) disables the check.
         ping_timeout: seconds to wait for a PING answer. Default 5.0.
+        fleet: a limit shared with every process that uses the same Redis key
+            (``RedisFleetLimit``; the optional extra ``redis``, asyncio only).  A request
+            takes a local slot first, then a fleet lease within what is left of the acquire
+            timeout; both are given back together.  ``None`` (default): no fleet limit.
+            On the default policy, every unlisted origin's compartment shares the one key.
     """
 
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
@@ -112,6 +119,7 @@ class Policy:
     max_streams_per_connection: int | None = DEFAULT_MAX_STREAMS
     ping_after: float | None = None
     ping_timeout: float = DEFAULT_PING_TIMEOUT
+    fleet: RedisFleetLimit | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_concurrency", self.max_concurrency, 1)
@@ -128,6 +136,10 @@ class Policy:
         _check_seconds("ping_timeout", self.ping_timeout, allow_zero=False, optional=False)
         if self.lifetime_jitter >= 1:
             raise ValueError(f"Policy.lifetime_jitter must be < 1, got {self.lifetime_jitter!r}")
+        if self.fleet is not None and not isinstance(self.fleet, RedisFleetLimit):
+            raise TypeError(
+                f"Policy.fleet must be a RedisFleetLimit or None, got {type(self.fleet).__name__}"
+            )
 
     @property
     def connection_limit(self) -> int:
