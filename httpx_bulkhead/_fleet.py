@@ -143,7 +143,7 @@ class FleetLimiter:
 
     Args:
         config: the limit.
-        timers: where background work is scheduled (the transport's, once wired); by
+        timers: where background work is scheduled (the transport's, in a compartment); by
             default the limiter's own, closed by ``aclose``.
         name: for log lines and messages (the compartment's name); default the key.
     """
