@@ -2,7 +2,7 @@
 and the throughput ceiling of one redis-server for this use.
 
     python -m benchmarks.fleet                  # about 30 s
-    python -m benchmarks.fleet --seconds 5 --requests 20000
+    python -m benchmarks.fleet --seconds 5 --requests 20000 --rounds 12
 
 Starts its own redis-server on 127.0.0.1 (``tests/servers/redis.py``; Debian's
 ``redis-server`` must be installed) and prints a table:
@@ -20,6 +20,12 @@ Starts its own redis-server on 127.0.0.1 (``tests/servers/redis.py``; Debian's
   so the Redis side is also measured alone: ``Redis time per script call`` (from
   ``INFO commandstats``), whose inverse is what one Redis core can serve.
 
+* ``through the transport``: ``BulkheadTransport`` against a local Node.js server (pinned
+  to the other core), a compartment with ``Policy(fleet=...)`` (limit 1000: never reached)
+  against the same compartment without one, same process, batches interleaved (the order
+  rotates every round): client CPU and wall time per request, at 1 and 16 concurrent
+  requests.  CPU includes the background release round trip; Redis's own CPU is not in it.
+
 Absolute figures drift on a small shared machine; the ratios and the round-trip counts
 are the point.
 """
@@ -29,10 +35,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import statistics
 import time
 import uuid
 from typing import Any
 
+from benchmarks import harness as h
+from httpx_bulkhead import BulkheadTransport, Policy
 from httpx_bulkhead._limiter import Limiter
 from httpx_bulkhead.fleet import FleetLimiter, RedisFleetLimit
 from tests.servers.redis import RedisServer
@@ -214,6 +223,47 @@ def bench_scripts(server: RedisServer, n: int) -> dict[str, float]:
     return result
 
 
+async def bench_transport(
+    redis_url: str, http_url: str, concurrency: int, requests: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Per-request client CPU and wall, a compartment with and without a fleet limit,
+    interleaved; medians over ``rounds`` batches of ``requests``."""
+    fleet = RedisFleetLimit(redis_url, key=f"bench-{uuid.uuid4().hex}", limit=1000)
+    drivers = [
+        h.TransportDriver(
+            name,
+            BulkheadTransport(default=Policy(max_concurrency=concurrency, fleet=config)),
+            [http_url],
+        )
+        for name, config in (("local", None), ("fleet", fleet))
+    ]
+    try:
+        samples = await h.interleave(
+            drivers,
+            rounds=rounds,
+            requests=requests,
+            concurrency=concurrency,
+            warmup=max(200, requests // 4),
+        )
+    finally:
+        for driver in drivers:
+            await driver.aclose()
+    out: dict[str, dict[str, float]] = {}
+    for name, runs in samples.items():
+        out[name] = {
+            "cpu_us": statistics.median(s.cpu_us for s in runs),
+            "wall_us": statistics.median(1e6 * s.wall / s.requests for s in runs),
+        }
+    local, fleet_runs = samples["local"], samples["fleet"]
+    out["ratio"] = {
+        "cpu": statistics.median(
+            f.cpu_us / b.cpu_us for f, b in zip(fleet_runs, local, strict=True)
+        ),
+        "wall": statistics.median(f.wall / b.wall for f, b in zip(fleet_runs, local, strict=True)),
+    }
+    return out
+
+
 def _redis_cpu(client: Any) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -223,6 +273,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=8, help="interleaved transport rounds")
     args = parser.parse_args()
     local_wall, local_cpu = bench_local(max(100_000, args.requests * 20))
     with RedisServer() as server:
@@ -231,6 +282,11 @@ def main() -> None:
         contended = asyncio.run(bench_contended(server.url, 100, max(1, args.requests // 100)))
         ceilings = {p: bench_ceiling(server, p, args.seconds) for p in (1, 2)}
         scripts = bench_scripts(server, args.requests)
+        with h.NodeServer(1) as node, h.pin():
+            through = {
+                c: asyncio.run(bench_transport(server.url, node.url(0), c, n, args.rounds))
+                for c, n in ((1, 400), (16, 2000))
+            }
     us = 1e6
     print("| case | figure |\n| --- | --- |")
     print(f"| local Limiter try_acquire+release | {local_wall * us:.2f} µs wall, "
@@ -257,6 +313,14 @@ def main() -> None:
             f"(~{1 / ceiling['redis_cpu_per_lease']:.0f}/s per Redis core); EVALSHA "
             f"{ceiling['evalsha_usec']:.1f} µs, {ceiling['evalsha_calls_per_lease']:.2f} "
             "per lease |"
+        )
+    for c, figures in through.items():
+        local, fleet, ratio = figures["local"], figures["fleet"], figures["ratio"]
+        print(
+            f"| through the transport, {c} concurrent | local-only {local['cpu_us']:.0f} µs CPU,"
+            f" {local['wall_us']:.0f} µs wall per request; with fleet {fleet['cpu_us']:.0f} µs"
+            f" CPU, {fleet['wall_us']:.0f} µs wall (fleet/local: CPU x{ratio['cpu']:.2f},"
+            f" wall x{ratio['wall']:.2f}) |"
         )
 
 

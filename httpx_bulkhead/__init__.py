@@ -18,9 +18,11 @@ from ._exceptions import (
     AcquireTimeout,
     BulkheadError,
     BulkheadFull,
+    FleetUnavailable,
     RequestTimeout,
     TransportClosed,
 )
+from ._fleet_config import RedisFleetLimit
 from ._stats import CompartmentStats, ExchangeInfo
 from ._transport import BulkheadTransport
 
@@ -31,8 +33,10 @@ __all__ = [
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",
+    "FleetUnavailable",
     "Group",
     "Policy",
+    "RedisFleetLimit",
     "RequestTimeout",
     "TransportClosed",
 ]

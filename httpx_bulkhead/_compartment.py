@@ -11,6 +11,10 @@ delay another one: there is no lock held across I/O and no shared queue.
 One clock (injected; ``time.monotonic`` by default) drives the request deadline, the
 acquire waits and the pool's expiry.
 
+With ``Policy.fleet`` the slots are ``FleetSlots`` (``_fleet_slots.py``): a local slot, then
+a fleet lease, given back together by the one ``release``; the compartment closes its
+``FleetLimiter`` when it is closed or retired.
+
 A compartment made for an unlisted origin may be *retired* by the router when there are
 too many of them and it is at rest (no slot held, nobody waiting, no connection in use):
 its idle connections are closed and its counters folded into the transport's totals.
@@ -38,12 +42,22 @@ from ._exchange import (
     Timeouts,
     went_stale,
 )
+from ._fleet import FleetLimiter
+from ._fleet_slots import FleetSlots
 from ._leaks import LeakDetector, LeakWatch
 from ._log import log_debug
 from ._network import Network
 from ._response import ResponseStream
 from ._slots import Slots
-from ._stats import CANCELLED, FAILED, CompartmentStats, ExchangeInfo, Outcome, compartment_stats
+from ._stats import (
+    CANCELLED,
+    FAILED,
+    CompartmentStats,
+    ExchangeInfo,
+    Outcome,
+    compartment_stats,
+    fleet_fields,
+)
 from ._timers import Timers
 from ._trace import TraceFn
 
@@ -78,6 +92,11 @@ class Compartment:
         #: Set by the router when it evicted this compartment (see the module docstring).
         self.retired = False
         self.slots = Slots(name, policy, clock)
+        #: The fleet limit's process side (``Policy.fleet``), or ``None``.
+        self.fleet: FleetLimiter | None = None
+        if policy.fleet is not None:
+            self.slots = fleet_slots = FleetSlots(name, policy, clock, timers)
+            self.fleet = fleet_slots.fleet
         self.connections = Connections(
             name, policy, connector, versions, timers=timers, clock=clock, rng=rng
         )
@@ -275,12 +294,17 @@ class Compartment:
         awaitable finishes closing them).  The router no longer routes to it."""
         self.retired = True
         self.slots.limiter.close()
-        return self.connections.retire()
+        closing = self.connections.retire()
+        if self.fleet is None:
+            return closing
+        return _then_close(closing, self.fleet)
 
     async def aclose(self) -> None:
         """Wake every waiter with ``TransportClosed`` and close every connection."""
         self.slots.limiter.close()
         await self.connections.aclose()
+        if self.fleet is not None:
+            await self.fleet.aclose()  # its renewal and listener, before the transport's timers
 
     def statistics(self) -> CompartmentStats:
         return compartment_stats(
@@ -291,7 +315,14 @@ class Compartment:
             replays=self.replays,
             leaked_responses=self.leaked,
             slot_leaks=0 if self._leaks is None else self._leaks.detected,
+            **fleet_fields(None if self.fleet is None else self.fleet.statistics()),
         )
+
+
+async def _then_close(closing: Awaitable[None] | None, fleet: FleetLimiter) -> None:
+    if closing is not None:
+        await closing
+    await fleet.aclose()
 
 
 def _response(

@@ -16,6 +16,8 @@ from typing import NamedTuple, TypeAlias
 import httpx
 import idna
 
+from ._fleet_config import RedisFleetLimit
+
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
@@ -103,6 +105,11 @@ class Policy:
             ``httpx_bulkhead`` logger with the stack that acquired it, counted in
             ``slot_leaks``, and a second WARNING when it is released.  ``None`` (default)
             disables it (no stack captured, no timer).  Must be finite and > 0.
+        fleet: a limit shared with every process that uses the same Redis key
+            (``RedisFleetLimit``; the optional extra ``redis``, asyncio only).  A request
+            takes a local slot first, then a fleet lease within what is left of the acquire
+            timeout; both are given back together.  ``None`` (default): no fleet limit.
+            On the default policy, every unlisted origin's compartment shares the one key.
     """
 
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
@@ -118,6 +125,7 @@ class Policy:
     ping_after: float | None = None
     ping_timeout: float = DEFAULT_PING_TIMEOUT
     leak_threshold: float | None = None
+    fleet: RedisFleetLimit | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_concurrency", self.max_concurrency, 1)
@@ -140,6 +148,10 @@ class Policy:
             )
         if self.lifetime_jitter >= 1:
             raise ValueError(f"Policy.lifetime_jitter must be < 1, got {self.lifetime_jitter!r}")
+        if self.fleet is not None and not isinstance(self.fleet, RedisFleetLimit):
+            raise TypeError(
+                f"Policy.fleet must be a RedisFleetLimit or None, got {type(self.fleet).__name__}"
+            )
 
     @property
     def connection_limit(self) -> int:

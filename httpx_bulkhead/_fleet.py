@@ -143,7 +143,7 @@ class FleetLimiter:
 
     Args:
         config: the limit.
-        timers: where background work is scheduled (the transport's, once wired); by
+        timers: where background work is scheduled (the transport's, in a compartment); by
             default the limiter's own, closed by ``aclose``.
         name: for log lines and messages (the compartment's name); default the key.
     """
@@ -175,6 +175,8 @@ class FleetLimiter:
         self._held: dict[str, Lease] = {}
         self._to_remove: list[str] = []
         self._flushing = False
+        self._flushed = asyncio.Event()  # set while no removal is scheduled or in flight
+        self._flushed.set()
         self._renewal: TimerHandle | None = None
         self._closed = False
         self._available = True
@@ -281,8 +283,7 @@ class FleetLimiter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
             self._listener = None
-        if self._to_remove and self._client is not None:
-            await self._flush()
+        await self._last_flush()
         if self._own_timers:
             await self._timers.aclose()
         client, self._client = self._client, None
@@ -510,8 +511,22 @@ class FleetLimiter:
     def _forget_later(self) -> None:
         if not self._flushing and self._client is not None:
             self._flushing = True
+            self._flushed.clear()
             if not self._timers.call_soon_threadsafe(self._flush):
                 self._flushing = False
+                self._flushed.set()
+
+    async def _last_flush(self) -> None:
+        """At ``aclose``: let a removal scheduled or in flight end (a connection it takes
+        after the client is closed would stay open), then send what is left."""
+        if self._client is None:
+            return
+        with anyio.move_on_after(self.config.redis_timeout):
+            await self._flushed.wait()
+        if self._to_remove and not self._flushing:
+            self._flushing = True
+            self._flushed.clear()
+            await self._flush()
 
     async def _flush(self) -> None:
         try:
@@ -528,6 +543,7 @@ class FleetLimiter:
                 self._wake_up()  # our own head waiter may take it now
         finally:
             self._flushing = False
+            self._flushed.set()
 
     # -- renewal ---------------------------------------------------------------------------
     def _rearm_renewal(self, delay: float) -> None:

@@ -17,6 +17,9 @@ Theory of operation:
   entry keeps the sum of evicted compartments' counters).  Gauges and quantiles describe
   the moment; the ``"(evicted)"`` entry has none (an evicted compartment holds nothing,
   and its wait window cannot be merged), so only counters are read from it.
+* The fleet figures (``Policy.fleet``) have no series in a compartment without a fleet
+  limit; the ``"(evicted)"`` entry has a fleet counter once an evicted compartment counted
+  anything there.
 * Label cardinality is bounded by the number of compartments: one label value per
   compartment (its name), which the transport bounds (``max_default_compartments``), plus
   ``"(evicted)"``; every other label takes values from a fixed list.
@@ -120,6 +123,37 @@ def _wait_quantiles(s: CompartmentStats) -> Values:
 
 def _pending_limit(s: CompartmentStats) -> Values:
     return () if s.max_pending is None else ((None, s.max_pending),)
+
+
+def _fleet(field: str) -> Callable[[CompartmentStats], Values]:
+    """A fleet figure: nothing without a fleet limit (an evicted entry's counter shows
+    once it is not zero)."""
+
+    def read(s: CompartmentStats) -> Values:
+        value = getattr(s, field)
+        if s.fleet_limit is None and not value:
+            return ()
+        return ((None, int(value)),)
+
+    return read
+
+
+def _fleet_leases(s: CompartmentStats) -> Values:
+    if s.fleet_limit is None:
+        return ()
+    return (("fleet", s.fleet_leases_held), ("local", s.fleet_leases_local))
+
+
+def _fleet_counter(name: str, unit: str, description: str) -> Figure:
+    return Figure(
+        f"httpx_bulkhead.fleet.{name}",
+        f"httpx_bulkhead_fleet_{name}",
+        Kind.COUNTER,
+        unit,
+        description,
+        None,
+        _fleet(f"fleet_{name}"),
+    )
 
 
 FIGURES: tuple[Figure, ...] = (
@@ -321,6 +355,67 @@ FIGURES: tuple[Figure, ...] = (
         "Requests sent again because HTTP/2 refused them unprocessed (GOAWAY, REFUSED_STREAM).",
         None,
         _one("replays"),
+    ),
+    # -- the fleet limit (Policy.fleet), as this process sees it
+    Figure(
+        "httpx_bulkhead.fleet.limit",
+        "httpx_bulkhead_fleet_limit",
+        Kind.LEVEL,
+        "{lease}",
+        "The fleet-wide limit (RedisFleetLimit.limit): leases held across the fleet at most.",
+        None,
+        _fleet("fleet_limit"),
+    ),
+    Figure(
+        "httpx_bulkhead.fleet.leases",
+        "httpx_bulkhead_fleet_leases",
+        Kind.LEVEL,
+        "{lease}",
+        "Leases this compartment holds: in Redis (fleet), or running without one there"
+        " (local: admitted while Redis was unavailable, or lost).",
+        "kind",
+        _fleet_leases,
+    ),
+    Figure(
+        "httpx_bulkhead.fleet.waiting",
+        "httpx_bulkhead_fleet_waiting_requests",
+        Kind.LEVEL,
+        "{request}",
+        "Requests holding a slot and waiting for a fleet lease.",
+        None,
+        _fleet("fleet_waiting"),
+    ),
+    Figure(
+        "httpx_bulkhead.fleet.in_use",
+        "httpx_bulkhead_fleet_in_use",
+        Kind.LEVEL,
+        "{lease}",
+        "Leases held across the fleet, as Redis last reported.",
+        None,
+        lambda s: () if s.fleet_in_use is None else ((None, s.fleet_in_use),),
+    ),
+    Figure(
+        "httpx_bulkhead.fleet.unavailable",
+        "httpx_bulkhead_fleet_unavailable",
+        Kind.LEVEL,
+        "1",
+        "1 while the fleet limit's Redis is unavailable (on_unavailable applies), else 0.",
+        None,
+        lambda s: () if s.fleet_unavailable is None else ((None, int(s.fleet_unavailable)),),
+    ),
+    _fleet_counter("acquired", "{lease}", "Fleet leases granted by Redis."),
+    _fleet_counter("round_trips", "{call}", "Redis calls made (acquire, release, renewal)."),
+    _fleet_counter(
+        "fallbacks", "{request}", "Requests admitted on the local limit alone: Redis unavailable."
+    ),
+    _fleet_counter("outages", "{outage}", "Times the fleet limit's Redis became unavailable."),
+    _fleet_counter(
+        "rejected", "{request}", "Requests refused with FleetUnavailable (Redis unavailable)."
+    ),
+    _fleet_counter("timeouts", "{request}", "Requests that got no fleet lease in time."),
+    _fleet_counter("renewals", "{lease}", "Fleet leases renewed."),
+    _fleet_counter(
+        "lost", "{lease}", "Fleet leases found gone at renewal (their requests went on)."
     ),
 )
 

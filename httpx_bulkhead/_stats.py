@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._connections import Connections
+    from ._fleet_config import FleetStats
     from ._slots import Slots
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Outcome",
     "WaitWindow",
     "compartment_stats",
+    "fleet_fields",
     "fold_evicted",
     "quantile",
 ]
@@ -196,6 +198,37 @@ class CompartmentStats:
     #: Open connections that go through a proxy (tunnels, and connections to a proxy
     #: that forwards plain-HTTP requests); included in ``connections``.
     proxied_connections: int = 0
+    #: The fleet limit (``Policy.fleet``), as this compartment sees it; ``None`` (and 0 for
+    #: the counts) without one.  ``RedisFleetLimit.limit``: leases held fleet-wide at most.
+    fleet_limit: int | None = None
+    #: Leases this compartment holds in Redis now.
+    fleet_leases_held: int = 0
+    #: Requests running without a lease in Redis (admitted on the local limit while Redis
+    #: was unavailable, or whose lease was lost); registered again once Redis answers.
+    fleet_leases_local: int = 0
+    #: Requests holding a slot and waiting for a lease.
+    fleet_waiting: int = 0
+    #: Leases held across the fleet, as Redis last reported (``None`` before it did).
+    fleet_in_use: int | None = None
+    #: Whether Redis failed the last time it was asked (then ``on_unavailable`` applies).
+    fleet_unavailable: bool | None = None
+    #: Leases granted by Redis.
+    fleet_acquired: int = 0
+    #: Redis calls made (acquire, release, renewal), answered or not.
+    fleet_round_trips: int = 0
+    #: Requests admitted on the local limit alone: Redis unavailable, ``"local"``.
+    fleet_fallbacks: int = 0
+    #: Times Redis went from available to unavailable.
+    fleet_outages: int = 0
+    #: Requests refused with ``FleetUnavailable`` (Redis unavailable, ``"reject"``).
+    fleet_rejected: int = 0
+    #: Requests that got no lease in time (counted in ``acquire_timeouts`` too).
+    fleet_timeouts: int = 0
+    #: Leases renewed (each lease of a renewal round once).
+    fleet_renewals: int = 0
+    #: Leases found gone at renewal (expired, or Redis lost its data): their requests
+    #: went on, counted in ``fleet_leases_local`` until registered again.
+    fleet_lost: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """Every field, grouped as ``str()`` shows them, for logs and JSON::
@@ -208,7 +241,10 @@ class CompartmentStats:
              "discards": {reason: count, ...},
              "http2": {"connections", "open_streams", "stream_caps" (a list), "goaways",
                        "streams_reset", "replays", "scale_outs", "stream_waits"},
-             "wait": {"p50", "p95", "p99", "max"}}
+             "wait": {"p50", "p95", "p99", "max"},
+             "fleet": {"limit", "leases_held", "leases_local", "waiting", "in_use",
+                       "unavailable", "acquired", "round_trips", "fallbacks", "outages",
+                       "rejected", "timeouts", "renewals", "lost"}}
 
         The flat fields stay the attributes (``stats.running``).
         """
@@ -312,6 +348,28 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
     ("wait", (("p50", "wait_p50"), ("p95", "wait_p95"), ("p99", "wait_p99"), ("max", "wait_max"))),
+    (
+        "fleet",
+        tuple(
+            (field.removeprefix("fleet_"), field)
+            for field in (
+                "fleet_limit",
+                "fleet_leases_held",
+                "fleet_leases_local",
+                "fleet_waiting",
+                "fleet_in_use",
+                "fleet_unavailable",
+                "fleet_acquired",
+                "fleet_round_trips",
+                "fleet_fallbacks",
+                "fleet_outages",
+                "fleet_rejected",
+                "fleet_timeouts",
+                "fleet_renewals",
+                "fleet_lost",
+            )
+        ),
+    ),
 )
 
 
@@ -401,6 +459,31 @@ def _http2_fields(connections: Connections) -> dict[str, Any]:
     }
 
 
+def fleet_fields(fleet: FleetStats | None) -> dict[str, Any]:
+    """The ``fleet_*`` fields from the compartment's ``FleetLimiter`` snapshot; none (the
+    defaults: ``None`` and 0) without a fleet limit."""
+    if fleet is None:
+        return {}
+    return {
+        "fleet_limit": fleet.limit,
+        "fleet_leases_held": fleet.held,
+        "fleet_leases_local": fleet.held_local,
+        "fleet_waiting": fleet.waiting,
+        "fleet_in_use": fleet.fleet_in_use,
+        "fleet_unavailable": not fleet.available,
+        "fleet_acquired": fleet.acquired,
+        "fleet_round_trips": fleet.round_trips,
+        "fleet_fallbacks": fleet.fallbacks,
+        "fleet_outages": fleet.outages,
+        "fleet_rejected": fleet.rejected,
+        "fleet_timeouts": fleet.timeouts,
+        "fleet_renewals": fleet.renewals,
+        "fleet_lost": fleet.lost,
+    }
+
+
+#: The fleet's gauges that have no value in the ``"(evicted)"`` entry (``None``).
+_FLEET_UNSET = frozenset({"fleet_limit", "fleet_in_use", "fleet_unavailable"})
 #: Fields of ``CompartmentStats`` that describe the moment (not summed on eviction).
 _GAUGES = frozenset(
     {
@@ -421,6 +504,10 @@ _GAUGES = frozenset(
         "wait_p95",
         "wait_p99",
         "wait_max",
+        "fleet_leases_held",
+        "fleet_leases_local",
+        "fleet_waiting",
+        *_FLEET_UNSET,
     }
 )
 _COUNTERS = tuple(f.name for f in dataclasses.fields(CompartmentStats) if f.name not in _GAUGES)
@@ -434,5 +521,7 @@ def fold_evicted(total: CompartmentStats | None, evicted: CompartmentStats) -> C
         name: getattr(evicted, name) + (0 if total is None else getattr(total, name))
         for name in _COUNTERS
     }
-    gauges = dict.fromkeys(_GAUGES - {"name", "max_pending", "stream_caps"}, 0)
+    gauges: dict[str, Any] = dict.fromkeys(
+        _GAUGES - {"name", "max_pending", "stream_caps"} - _FLEET_UNSET, 0
+    )
     return CompartmentStats(name=EVICTED, max_pending=None, stream_caps=(), **gauges, **counts)

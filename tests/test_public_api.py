@@ -21,6 +21,7 @@ from httpx_bulkhead import (
     BulkheadTransport,
     CompartmentStats,
     ExchangeInfo,
+    FleetUnavailable,
     Policy,
     RequestTimeout,
     TransportClosed,
@@ -33,12 +34,21 @@ PUBLIC = {
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",
+    "FleetUnavailable",
     "Group",
     "Policy",
+    "RedisFleetLimit",
     "RequestTimeout",
     "TransportClosed",
 }
-EXCEPTIONS = [AcquireTimeout, BulkheadError, BulkheadFull, RequestTimeout, TransportClosed]
+EXCEPTIONS = [
+    AcquireTimeout,
+    BulkheadError,
+    BulkheadFull,
+    FleetUnavailable,
+    RequestTimeout,
+    TransportClosed,
+]
 
 
 def test_all_lists_exactly_the_public_names() -> None:

@@ -5,7 +5,9 @@ The blocks name example hosts (``stt.example.com``, ...).  While they run, every
 ``BulkheadTransport`` they build that does not bring its own ``network`` connects to a
 local hypercorn server instead (TLS with a certificate for ``*.example.com`` from the test
 CA, so https and verification are real), and name resolution refuses every name but
-loopback, so a block can never reach the internet, even if interception broke.
+loopback, so a block can never reach the internet, even if interception broke.  A block
+that builds a ``RedisFleetLimit`` gets a local redis-server (``tests/servers/redis.py``) in
+place of the URL it names.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from httpx_bulkhead._streams import NetStream
 from httpx_bulkhead._trace import TraceFn
 from tests.servers import HypercornServer, ServerTLS, session_ca
 from tests.servers.asgi import Receive, Scope, Send
+from tests.servers.redis import RedisServer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 FENCE = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -109,9 +112,35 @@ def local_network(example_hosts: ExampleHosts, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
 
 
+@pytest.fixture(scope="module")
+def readme_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def local_redis(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``RedisFleetLimit`` the block builds talks to a local redis-server (started on
+    first need: skipped, or failed under ``BULKHEAD_REQUIRE_REDIS=1``, without one)."""
+    server: RedisServer = request.getfixturevalue("readme_redis")
+    real = httpx_bulkhead.RedisFleetLimit
+
+    def on_loopback(url_or_client: Any, *args: Any, **kwargs: Any) -> Any:
+        return real(server.url, *args, **kwargs)
+
+    monkeypatch.setattr(httpx_bulkhead, "RedisFleetLimit", on_loopback)
+
+
 @pytest.mark.usefixtures("local_network")
 @pytest.mark.parametrize("line,code", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
-def test_readme_block_runs(line: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_block_runs(
+    line: int,
+    code: str,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if "RedisFleetLimit(" in code:
+        local_redis(request, monkeypatch)
     compiled = compile(code, f"README.md:{line}", "exec")  # top-level await: SyntaxError
     exec(compiled, {"__name__": "__readme__"})
     capsys.readouterr()  # what the blocks print is for the reader

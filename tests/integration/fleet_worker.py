@@ -1,14 +1,16 @@
 """A worker process of the fleet-limit tests: ``python -m tests.integration.fleet_worker``.
 
+Each worker is one ``httpx.AsyncClient`` whose ``BulkheadTransport`` has a default policy
+carrying the fleet limit (``Policy(max_concurrency=--calls, fleet=RedisFleetLimit(...))``):
+the requests are plain ``client.get`` calls, as in an application.
+
 Modes (one JSON line per event on stdout, commands on stdin):
 
 * ``calls``: print ``{"ready": true}``, wait for a line on stdin (the start gate), then make
-  ``--calls`` concurrent requests, each ``lease = acquire(); GET --target; release``, and
-  print ``{"done": ..., "failed": [...], "stats": {...}}``.
-* ``hold``: acquire ``--calls`` leases, print ``{"held": N}`` and sleep until killed.
-
-Once ``Policy(fleet=...)`` is wired, ``calls`` becomes one ``httpx.AsyncClient`` with a
-``BulkheadTransport`` whose policy carries the fleet limit, and ``client.get`` alone.
+  ``--calls`` concurrent ``GET --target`` and print ``{"done": ..., "failed": [...],
+  "stats": {CompartmentStats fields}}``.
+* ``hold``: make ``--calls`` concurrent ``GET --target`` to a server that never answers;
+  once they all hold a lease print ``{"held": N}`` and sleep until killed.
 """
 
 from __future__ import annotations
@@ -22,46 +24,61 @@ import time
 
 import httpx
 
-from httpx_bulkhead.fleet import FleetLimiter, RedisFleetLimit
+from httpx_bulkhead import BulkheadTransport, CompartmentStats, Policy, RedisFleetLimit
 
 
 def _say(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def _calls(limiter: FleetLimiter, target: str, calls: int, budget: float) -> None:
+def _transport(config: RedisFleetLimit, calls: int, budget: float) -> BulkheadTransport:
+    return BulkheadTransport(
+        default=Policy(max_concurrency=calls, acquire_timeout=budget, fleet=config)
+    )
+
+
+def _stats(transport: BulkheadTransport) -> CompartmentStats | None:
+    """The one compartment's snapshot (one origin), once a request made it."""
+    return next(iter(transport.statistics().values()), None)
+
+
+async def _calls(config: RedisFleetLimit, target: str, calls: int, budget: float) -> None:
     failed: list[str] = []
     done = 0
 
     async def one(client: httpx.AsyncClient) -> None:
         nonlocal done
         try:
-            lease = await limiter.acquire(budget)
-            try:
-                response = await client.get(target)
-                response.raise_for_status()
-            finally:
-                lease.release()
+            response = await client.get(target)
+            response.raise_for_status()
         except Exception as exc:
             failed.append(f"{type(exc).__name__}: {exc}")
         else:
             done += 1
 
-    limits = httpx.Limits(max_connections=calls, max_keepalive_connections=calls)
-    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+    transport = _transport(config, calls, budget)
+    async with httpx.AsyncClient(transport=transport, timeout=30.0) as client:
         _say(ready=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         started = time.monotonic()
         await asyncio.gather(*(one(client) for _ in range(calls)))
         elapsed = time.monotonic() - started
-    stats = dataclasses.asdict(limiter.statistics())
-    _say(done=done, failed=failed, seconds=elapsed, stats=stats)
+        stats = _stats(transport)
+        assert stats is not None
+    _say(done=done, failed=failed, seconds=elapsed, stats=dataclasses.asdict(stats))
 
 
-async def _hold(limiter: FleetLimiter, calls: int, budget: float) -> None:
-    leases = [await limiter.acquire(budget) for _ in range(calls)]
-    _say(held=len(leases), stats=dataclasses.asdict(limiter.statistics()))
-    await asyncio.Event().wait()  # until killed
+async def _hold(config: RedisFleetLimit, target: str, calls: int, budget: float) -> None:
+    transport = _transport(config, calls, budget)
+    async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+        tasks = [asyncio.ensure_future(client.get(target)) for _ in range(calls)]
+        while (stats := _stats(transport)) is None or stats.fleet_leases_held < calls:
+            if any(task.done() for task in tasks):
+                _say(failed=[repr(task.exception()) for task in tasks if task.done()])
+                return
+            await asyncio.sleep(0.01)  # a poll of our own statistics, in the worker
+        _say(held=stats.fleet_leases_held, stats=dataclasses.asdict(stats))
+        await asyncio.Event().wait()  # until killed
 
 
 async def main() -> None:
@@ -85,14 +102,10 @@ async def main() -> None:
         redis_timeout=args.redis_timeout,
         on_unavailable=args.on_unavailable,
     )
-    limiter = FleetLimiter(config)
-    try:
-        if args.mode == "calls":
-            await _calls(limiter, args.target, args.calls, args.budget)
-        else:
-            await _hold(limiter, args.calls, args.budget)
-    finally:
-        await limiter.aclose()
+    if args.mode == "calls":
+        await _calls(config, args.target, args.calls, args.budget)
+    else:
+        await _hold(config, args.target, args.calls, args.budget)
 
 
 if __name__ == "__main__":

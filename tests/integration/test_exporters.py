@@ -53,6 +53,18 @@ DISCARDS = {
     "closed": "closed",
     "ping_timeout": "ping_timeouts",
 }
+#: The fleet limit's counters (``fleet_<name>`` fields), exposed only where there is one
+#: (the evicted entry: once not zero).
+FLEET_COUNTERS = {
+    "acquired": "{lease}",
+    "round_trips": "{call}",
+    "fallbacks": "{request}",
+    "outages": "{outage}",
+    "rejected": "{request}",
+    "timeouts": "{request}",
+    "renewals": "{lease}",
+    "lost": "{lease}",
+}
 
 
 def _key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
@@ -81,8 +93,20 @@ def expected_prometheus(stats: dict[str, CompartmentStats]) -> Samples:
         put("httpx_bulkhead_http2_goaways_total", s.goaways)
         put("httpx_bulkhead_http2_streams_reset_total", s.streams_reset)
         put("httpx_bulkhead_http2_replays_total", s.replays)
+        for field in FLEET_COUNTERS:
+            value = getattr(s, f"fleet_{field}")
+            if s.fleet_limit is not None or value:
+                put(f"httpx_bulkhead_fleet_{field}_total", value)
         if name == EVICTED:
             continue  # counters only
+        if s.fleet_limit is not None:
+            put("httpx_bulkhead_fleet_limit", s.fleet_limit)
+            put("httpx_bulkhead_fleet_leases", s.fleet_leases_held, kind="fleet")
+            put("httpx_bulkhead_fleet_leases", s.fleet_leases_local, kind="local")
+            put("httpx_bulkhead_fleet_waiting_requests", s.fleet_waiting)
+            if s.fleet_in_use is not None:
+                put("httpx_bulkhead_fleet_in_use", s.fleet_in_use)
+            put("httpx_bulkhead_fleet_unavailable", int(bool(s.fleet_unavailable)))
         put("httpx_bulkhead_open_connections", s.in_use_connections, state="active")
         put("httpx_bulkhead_open_connections", s.idle_connections, state="idle")
         put("httpx_bulkhead_active_requests", s.running + s.waiting)
@@ -133,6 +157,15 @@ OTEL_NAMES = {
     "httpx_bulkhead_http2_connections": ("httpx_bulkhead.http2.connections", "{connection}"),
     "httpx_bulkhead_http2_open_streams": ("httpx_bulkhead.http2.streams", "{stream}"),
     "httpx_bulkhead_http2_stream_limit": ("httpx_bulkhead.http2.streams.limit", "{stream}"),
+    "httpx_bulkhead_fleet_limit": ("httpx_bulkhead.fleet.limit", "{lease}"),
+    "httpx_bulkhead_fleet_leases": ("httpx_bulkhead.fleet.leases", "{lease}"),
+    "httpx_bulkhead_fleet_waiting_requests": ("httpx_bulkhead.fleet.waiting", "{request}"),
+    "httpx_bulkhead_fleet_in_use": ("httpx_bulkhead.fleet.in_use", "{lease}"),
+    "httpx_bulkhead_fleet_unavailable": ("httpx_bulkhead.fleet.unavailable", "1"),
+    **{
+        f"httpx_bulkhead_fleet_{field}_total": (f"httpx_bulkhead.fleet.{field}", unit)
+        for field, unit in FLEET_COUNTERS.items()
+    },
 }
 
 

@@ -9,9 +9,8 @@ Workers use ``on_unavailable="reject"`` and a 5 s ``redis_timeout``: on a loaded
 machine a slow answer must fail the test visibly, not admit on the local limit.
 
 The workers start behind a gate (each says ready, then waits for a line on stdin), so the
-100 calls really are concurrent.  Today each worker calls ``FleetLimiter`` around an
-``httpx.AsyncClient`` request; once ``Policy(fleet=...)`` is wired, the worker becomes a
-``BulkheadTransport`` client and the assertions stay as they are.
+100 calls really are concurrent.  Each worker is an ``httpx.AsyncClient`` over a
+``BulkheadTransport`` whose policy carries the fleet limit: plain ``client.get`` calls.
 """
 
 from __future__ import annotations
@@ -28,11 +27,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import httpx
 import pytest
 
-from httpx_bulkhead import AcquireTimeout
-from httpx_bulkhead.fleet import FleetLimiter, RedisFleetLimit
-from tests.servers.raw import RawConn, RawServer
+from httpx_bulkhead import AcquireTimeout, BulkheadTransport, Policy, RedisFleetLimit
+from tests.servers.raw import RawConn, RawServer, hold_on_request
 from tests.servers.redis import RedisServer, importorskip_redis_py
 
 importorskip_redis_py()
@@ -165,9 +164,11 @@ def test_four_workers_never_exceed_the_fleet_limit(
     assert sum(r["done"] for r in results) == 100 == counter.served
     assert 1 < counter.peak <= 10, counter.peak
     for result in results:
-        stats = result["stats"]
-        assert stats["acquired"] == 25 and stats["fallbacks"] == 0
-        assert stats["held"] == stats["held_local"] == stats["waiting"] == 0
+        stats = result["stats"]  # the worker's CompartmentStats
+        assert stats["fleet_acquired"] == 25 == stats["completed"]
+        assert stats["fleet_fallbacks"] == stats["fleet_lost"] == 0
+        assert stats["running"] == stats["waiting"] == stats["fleet_waiting"] == 0
+        assert stats["fleet_leases_held"] == stats["fleet_leases_local"] == 0
     assert redis_server.client().zcard(f"{key}:leases") == 0
 
 
@@ -176,47 +177,54 @@ async def test_a_killed_workers_capacity_returns_within_one_lease(
     workers: Callable[..., Worker],
     unique: Callable[[str], str],
 ) -> None:
+    """A worker holds all 3 leases (its requests parked at a server that never answers)
+    and is killed with SIGKILL: nothing renews its leases, so within one lease time (1 s)
+    three requests of another transport get theirs and complete."""
     lease = 1.0
     key = unique("fleet-kill")
-    worker = workers(
-        "hold",
-        f"--redis={redis_server.url}",
-        f"--key={key}",
-        "--limit=3",
-        "--calls=3",
-        f"--lease={lease}",
-    )
-    held = await anyio.to_thread.run_sync(worker.read)
-    assert held["held"] == 3
-    limiter = FleetLimiter(
-        RedisFleetLimit(
+    with RawServer(hold_on_request) as parked, RawServer(hold_on_request) as server:
+        worker = workers(
+            "hold",
+            f"--redis={redis_server.url}",
+            f"--key={key}",
+            "--limit=3",
+            "--calls=3",
+            f"--lease={lease}",
+            f"--target={parked.url}/hold",
+        )
+        held = await anyio.to_thread.run_sync(worker.read)
+        assert held["held"] == 3, held
+        config = RedisFleetLimit(
             redis_server.url,
             key=key,
             limit=3,
             lease=lease,
             on_unavailable="reject",
             redis_timeout=5.0,
+            poll_interval=0.05,
         )
-    )
-    try:
-        with pytest.raises(AcquireTimeout):
-            await limiter.acquire(0)  # the worker's leases are real
-        os.kill(worker.proc.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        # all three come back within one lease time (plus scheduling slack), no renewal
-        # keeps them: the others proceed
-        async with anyio.create_task_group() as tg:
-            got = []
+        origin = f"127.0.0.1:{server.port}"
+        probe = BulkheadTransport(hosts={origin: Policy(fleet=config, acquire_timeout=0)})
+        async with httpx.AsyncClient(transport=probe) as client:
+            with pytest.raises(AcquireTimeout, match="fleet limit"):
+                await client.get(f"{server.url}/")  # the worker's leases are real
+        policy = Policy(fleet=config, acquire_timeout=lease + 1.0)
+        transport = BulkheadTransport(hosts={origin: policy})
+        async with httpx.AsyncClient(transport=transport) as client:
+            os.kill(worker.proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            # all three come back within one lease time (plus scheduling slack): the
+            # others proceed
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(_get_ok, client, f"{server.url}/")
+            assert time.monotonic() - killed < lease + 1.0
+            stats = transport.statistics()[origin]
+            assert (stats.completed, stats.fleet_acquired, stats.fleet_fallbacks) == (3, 3, 0)
+    with anyio.fail_after(TIMEOUT):  # ours released, the dead worker's expired
+        while redis_server.client().zcard(f"{key}:leases"):
+            await anyio.sleep(0.01)
 
-            async def take() -> None:
-                got.append(await limiter.acquire(lease + 1.0))
 
-            for _ in range(3):
-                tg.start_soon(take)
-        assert len(got) == 3 and time.monotonic() - killed < lease + 1.0
-        assert all(one.fleet for one in got)
-        assert redis_server.client().zcard(f"{key}:leases") == 3
-        for one in got:
-            one.release()
-    finally:
-        await limiter.aclose()
+async def _get_ok(client: httpx.AsyncClient, url: str) -> None:
+    assert (await client.get(url)).status_code == 200

@@ -36,6 +36,8 @@ from httpx_bulkhead._config import RouteKey, canonical_host, parse_route_key
         ("ping_timeout", None, TypeError),
         ("idle_timeout", True, TypeError),
         ("max_pending", "5", TypeError),
+        ("fleet", "redis://127.0.0.1:6379/0", TypeError),
+        ("fleet", {"key": "llm", "limit": 5}, TypeError),
     ],
 )
 def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exception]) -> None:
@@ -54,6 +56,7 @@ def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exce
         ("request_timeout", 0, "must be > 0 seconds"),
         ("acquire_timeout", "1", "must be a number of seconds or None"),
         ("lifetime_jitter", 1.5, "must be < 1"),
+        ("fleet", "redis://x", "must be a RedisFleetLimit or None, got str"),
     ],
 )
 def test_policy_errors_say_what_is_allowed(field: str, value: Any, message: str) -> None:

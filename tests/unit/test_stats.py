@@ -69,3 +69,17 @@ def test_fold_evicted_sums_counters_and_zeroes_gauges() -> None:
     assert total.stream_waits == 8 and total.connections_created == 2
     assert total.running == 0 and total.connections == 0 and total.http2_connections == 0
     assert total.wait_p50 == 0.0 and total.stream_caps == () and total.max_pending is None
+
+
+def test_fold_evicted_sums_the_fleet_counters_and_unsets_its_gauges() -> None:
+    """An evicted compartment with a fleet limit keeps its fleet counters in the total;
+    the fleet's gauges have no value there (``None``/0), as without a fleet."""
+    first = fold_evicted(None, stats("a", fleet_limit=10, fleet_acquired=5, fleet_lost=2))
+    total = fold_evicted(first, stats("b", fleet_round_trips=7, fleet_fallbacks=3))
+    assert total.fleet_acquired == 6 and total.fleet_lost == 3
+    assert total.fleet_round_trips == 8 and total.fleet_fallbacks == 4
+    assert total.fleet_outages == total.fleet_rejected == total.fleet_timeouts == 2
+    assert total.fleet_renewals == 2
+    assert total.fleet_limit is None and total.fleet_in_use is None
+    assert total.fleet_unavailable is None
+    assert total.fleet_leases_held == total.fleet_leases_local == total.fleet_waiting == 0

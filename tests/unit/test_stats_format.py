@@ -35,7 +35,16 @@ def test_as_dict_holds_every_value_grouped_and_is_json() -> None:
     values.update(stream_caps=(3, 100), wait_p50=0.25, wait_max=1.5)
     stats = snapshot(**values)
     out = stats.as_dict()
-    assert list(out) == ["name", "slots", "connections", "requests", "discards", "http2", "wait"]
+    assert list(out) == [
+        "name",
+        "slots",
+        "connections",
+        "requests",
+        "discards",
+        "http2",
+        "wait",
+        "fleet",
+    ]
     assert out["name"] == "llm"
     for group, fields in GROUPS:
         section = out[group]
@@ -111,3 +120,55 @@ def test_every_field_is_documented() -> None:
         elif not above.startswith("#:"):
             undocumented.append(name)
     assert undocumented == []
+
+
+def test_str_shows_the_fleet_group_with_an_unavailable_redis() -> None:
+    """The fleet line lists what is not zero; an unavailable Redis shows (a flag named for
+    the state that matters, since ``str()`` leaves false values out)."""
+    stats = snapshot(
+        fleet_limit=50,
+        fleet_leases_held=3,
+        fleet_leases_local=1,
+        fleet_in_use=41,
+        fleet_unavailable=True,
+        fleet_acquired=9,
+        fleet_round_trips=12,
+        fleet_fallbacks=1,
+        fleet_outages=1,
+    )
+    assert str(stats).splitlines()[1] == (
+        "  fleet: limit 50, leases held 3, leases local 1, in use 41, unavailable True,"
+        " acquired 9, round trips 12, fallbacks 1, outages 1"
+    )
+    assert stats.as_dict()["fleet"] == {
+        "limit": 50,
+        "leases_held": 3,
+        "leases_local": 1,
+        "waiting": 0,
+        "in_use": 41,
+        "unavailable": True,
+        "acquired": 9,
+        "round_trips": 12,
+        "fallbacks": 1,
+        "outages": 1,
+        "rejected": 0,
+        "timeouts": 0,
+        "renewals": 0,
+        "lost": 0,
+    }
+
+
+def test_a_compartment_without_a_fleet_has_the_defaults_and_no_fleet_line() -> None:
+    """The fleet fields default to ``None``/0 (so a snapshot built without them is
+    valid); ``str()`` then has no fleet line, ``as_dict()`` says ``None``."""
+    values = {
+        f.name: getattr(snapshot(acquired=2), f.name)
+        for f in dataclasses.fields(CompartmentStats)
+        if not f.name.startswith("fleet_")
+    }
+    stats = CompartmentStats(**values)
+    assert "fleet" not in str(stats) and "acquired 2" in str(stats)
+    fleet = stats.as_dict()["fleet"]
+    assert isinstance(fleet, dict)
+    assert fleet["limit"] is None and fleet["in_use"] is None and fleet["unavailable"] is None
+    assert fleet["acquired"] == fleet["lost"] == fleet["leases_held"] == 0
