@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from ._adaptive import AdaptiveController, AdaptiveLimit
 from ._config import HTTPVersions, Origin, Policy
 from ._connections import Connections, Lease
 from ._exceptions import AcquireTimeout
@@ -81,6 +82,13 @@ class Compartment:
         self.stale_retries = 0
         self.replays = 0
         self.leaked = 0
+        #: Moves the limit when ``max_concurrency`` is an ``AdaptiveLimit`` (else ``None``).
+        self.adaptive: AdaptiveController | None = None
+        if isinstance(policy.max_concurrency, AdaptiveLimit):
+            limiter = self.slots.limiter
+            self.adaptive = AdaptiveController(
+                policy.max_concurrency, limiter.set_limit, lambda: limiter.running, clock, rng
+            )
 
     # -- a request's whole life ----------------------------------------------------------
     async def handle(self, request: httpx.Request, origin: Origin) -> httpx.Response:
@@ -108,9 +116,14 @@ class Compartment:
         except BaseException as exc:
             if isinstance(exc, AcquireTimeout):
                 self.slots.waits.record(self._clock() - started)
+            if self.adaptive is not None:
+                self.adaptive.failed(started + waited, exc)
             self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
             raise
         stream = ResponseStream(self, lease, exchange, request, timeouts)
+        if self.adaptive is not None:  # the sample: from sent (after our queues) to the head
+            sent = started + waited + conn_wait
+            stream.adaptive_sample = (sent, self._clock() - sent, head.status)
         try:  # from here the response stream owns the slot and the exchange
             queue_wait = waited + conn_wait
             self.slots.waits.record(queue_wait)
@@ -231,6 +244,10 @@ class Compartment:
         await self.connections.aclose()
 
     def statistics(self) -> CompartmentStats:
+        adaptive: dict[str, Any] = {}
+        if self.adaptive is not None:
+            adaptive["no_load_latency"] = self.adaptive.algorithm.no_load
+            adaptive["limit_history"] = tuple(self.adaptive.history)
         return compartment_stats(
             self.name,
             self.slots,
@@ -238,6 +255,7 @@ class Compartment:
             stale_retries=self.stale_retries,
             replays=self.replays,
             leaked_responses=self.leaked,
+            **adaptive,
         )
 
 

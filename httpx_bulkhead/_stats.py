@@ -111,7 +111,7 @@ class CompartmentStats:
     running: int
     #: Requests queued for a slot.
     waiting: int
-    #: ``Policy.max_concurrency``: slots.
+    #: Slots: ``Policy.max_concurrency``, or an ``AdaptiveLimit``'s current limit.
     limit: int
     #: ``Policy.max_pending``: places in the queue (``None``: unbounded).
     max_pending: int | None
@@ -190,11 +190,19 @@ class CompartmentStats:
     wait_p95: float
     wait_p99: float
     wait_max: float
+    #: Adaptive limit (``AdaptiveLimit``) only: the no-load latency the gradient algorithm
+    #: measured (seconds from request sent to response head; ``None``: static limit, AIMD,
+    #: or not measured yet).
+    no_load_latency: float | None = None
+    #: Adaptive limit only: ``(time, limit)`` at each change of the limit, oldest first, the
+    #: last 256; ``time`` is the compartment's clock (``time.monotonic()``).
+    limit_history: tuple[tuple[float, int], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         """Every field, grouped as ``str()`` shows them, for logs and JSON::
 
-            {"name": ..., "slots": {"running", "waiting", "limit", "max_pending"},
+            {"name": ..., "slots": {"running", "waiting", "limit", "max_pending",
+                                    "no_load_latency", "limit_history" (a list of pairs)},
              "connections": {"open", "idle", "in_use", "waiting", "created"},
              "requests": {"acquired", "completed", "failed", "cancelled", "rejected",
                           "acquire_timeouts", "cancelled_waiting", "stale_retries",
@@ -209,14 +217,23 @@ class CompartmentStats:
         out: dict[str, object] = {"name": self.name}
         for group, fields in GROUPS:
             out[group] = {
-                label: list(value) if isinstance(value, tuple) else value
+                label: _plain(value)
                 for label, value in ((label, getattr(self, field)) for label, field in fields)
             }
         return out
 
     def __str__(self) -> str:
         limit = "" if self.max_pending is None else f" (max_pending {self.max_pending})"
-        lines = [f"{self.name}: {self.running}/{self.limit} running, {self.waiting} waiting{limit}"]
+        adaptive = ""
+        if self.limit_history:
+            adaptive = " (adaptive"
+            if self.no_load_latency is not None:
+                adaptive += f", no-load latency {self.no_load_latency * 1000:.1f} ms"
+            adaptive += ")"
+        lines = [
+            f"{self.name}: {self.running}/{self.limit} running{adaptive},"
+            f" {self.waiting} waiting{limit}"
+        ]
         for group, fields in GROUPS[1:]:
             parts = [
                 _part(label, getattr(self, field))
@@ -226,6 +243,13 @@ class CompartmentStats:
             if parts:
                 lines.append(f"  {group}: " + ", ".join(parts))
         return "\n".join(lines)
+
+
+def _plain(value: object) -> object:
+    """``value`` with tuples as lists, at any depth (JSON's shape)."""
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _part(label: str, value: object) -> str:
@@ -247,6 +271,8 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("waiting", "waiting"),
             ("limit", "limit"),
             ("max_pending", "max_pending"),
+            ("no_load_latency", "no_load_latency"),
+            ("limit_history", "limit_history"),
         ),
     ),
     (
@@ -408,8 +434,12 @@ _GAUGES = frozenset(
         "wait_p95",
         "wait_p99",
         "wait_max",
+        "no_load_latency",
+        "limit_history",
     }
 )
+#: Gauges with their own defaults (``None``, ``()``): an evicted compartment has none.
+_ADAPTIVE = frozenset({"no_load_latency", "limit_history"})
 _COUNTERS = tuple(f.name for f in dataclasses.fields(CompartmentStats) if f.name not in _GAUGES)
 
 
@@ -421,5 +451,7 @@ def fold_evicted(total: CompartmentStats | None, evicted: CompartmentStats) -> C
         name: getattr(evicted, name) + (0 if total is None else getattr(total, name))
         for name in _COUNTERS
     }
-    gauges = dict.fromkeys(_GAUGES - {"name", "max_pending", "stream_caps"}, 0)
+    gauges: dict[str, Any] = dict.fromkeys(
+        _GAUGES - {"name", "max_pending", "stream_caps", *_ADAPTIVE}, 0
+    )
     return CompartmentStats(name=EVICTED, max_pending=None, stream_caps=(), **gauges, **counts)

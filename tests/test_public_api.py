@@ -28,6 +28,7 @@ from httpx_bulkhead import (
 
 PUBLIC = {
     "AcquireTimeout",
+    "AdaptiveLimit",
     "BulkheadError",
     "BulkheadFull",
     "BulkheadTransport",
