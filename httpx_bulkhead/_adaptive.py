@@ -9,8 +9,9 @@ compartment and apply its verdict with ``Limiter.set_limit``.
 Theory of operation
 -------------------
 *A sample* is one exchange that ended: the instant its request was handed to a connection
-(after the wait for a slot and for a connection: our own queues are not the dependency's
-latency), the seconds from then to the response head, and whether it was a *drop*.  The
+(after the wait for a slot and for a connection, which are our own queues, and after the
+connect, which the limit's growth would otherwise pay for in new connections), the
+seconds from then to the response head, and whether it was a *drop*.  The
 response head, not the body's end: it is what the dependency's queueing and work delay,
 it is known for every response (also one closed early), and it does not grow when the
 caller reads the body slowly.  The sample is fed when the exchange ends (body read, closed,
@@ -274,7 +275,10 @@ class Gradient:
                 gradient = GROWTH if inflight * 2 >= self.applied else 1.0
             else:  # the limit the queue implies (see the module docstring)
                 gradient = max(MIN_GRADIENT, spec.tolerance / ratio)
-            self.limit *= gradient
+            if gradient > 1:  # at least one more slot: noise must not stall the growth
+                self.limit = max(self.limit * gradient, self.applied + 1.0)
+            else:
+                self.limit *= gradient
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))

@@ -110,7 +110,7 @@ class Compartment:
         try:
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
-            lease, exchange, head, retried, conn_wait = await self.send(
+            lease, exchange, head, retried, conn_wait, sent = await self.send(
                 request, origin, timeouts, acquire_deadline, timeout.get("connect")
             )
         except BaseException as exc:
@@ -122,7 +122,6 @@ class Compartment:
             raise
         stream = ResponseStream(self, lease, exchange, request, timeouts)
         if self.adaptive is not None:  # the sample: from sent (after our queues) to the head
-            sent = started + waited + conn_wait
             stream.adaptive_sample = (sent, self._clock() - sent, head.status)
         try:  # from here the response stream owns the slot and the exchange
             queue_wait = waited + conn_wait
@@ -175,9 +174,10 @@ class Compartment:
         timeouts: Timeouts,
         acquire_by: float | None,
         connect: float | None,
-    ) -> tuple[Lease, Exchange, ResponseHead, bool, float]:
+    ) -> tuple[Lease, Exchange, ResponseHead, bool, float, float]:
         """Check out a connection and send ``request``; returns the connection, exchange,
-        response head, whether it was sent again, and the seconds waited for a connection.
+        response head, whether it was sent again, the seconds waited for a connection, and
+        (for an adaptive limit's sample; else 0.0) when the request was handed to it.
 
         A request that fails on a *reused* connection before any response byte (the server
         closed it while idle) is sent again, once, on a new connection when ``_can_retry``.
@@ -192,6 +192,7 @@ class Compartment:
             lease, wait = await checkout(request, origin, acquire_by, connect, timeouts, fresh)
             waited += wait
             exchange = lease.conn.start_exchange(lease.served > 1)
+            sent = 0.0 if self.adaptive is None else self._clock()  # connected: no dial time
             try:
                 head = await exchange.send_request(request, timeouts, trace)
             except Refused as refused:
@@ -207,7 +208,7 @@ class Compartment:
                 retried = True
                 self.stale_retries += 1
                 continue
-            return lease, exchange, head, retried or replays > 0, waited
+            return lease, exchange, head, retried or replays > 0, waited, sent
 
     def _replay(self, request: httpx.Request, exchange: Exchange, replays: int) -> None:
         """Count a replay of a refused request, or raise when it may not be sent again."""
