@@ -261,7 +261,7 @@ class Gradient:
         if self._probing:
             self._probing = False
             self.limit = self._saved
-            if median is not None:
+            if median:  # (a clock too coarse to see a latency gives no estimate)
                 self.no_load = median
             self._schedule_probe(now)
             self._opened = now  # the probe's own samples say nothing of the limit restored

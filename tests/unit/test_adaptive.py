@@ -79,7 +79,7 @@ samples = st.lists(
     st.tuples(
         st.floats(0.0, 5.0),  # time step
         st.floats(0.0, 3.0),  # how long ago it started
-        st.floats(1e-6, 10.0),  # latency
+        st.one_of(st.just(0.0), st.floats(1e-6, 10.0)),  # latency (0: a coarse clock)
         st.booleans(),  # dropped
         st.integers(0, 500),  # in flight
     ),
