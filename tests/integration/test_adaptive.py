@@ -108,7 +108,6 @@ async def test_a_live_limit_change_keeps_fifo_max_pending_and_acquire_timeout(
     name = server.url
     holders = [app.gate(unique("h")) for _ in range(4)]
     waiters = [app.gate(unique("w")) for _ in range(3)]
-    entered: list[str] = []
     async with httpx.AsyncClient(transport=transport, base_url=server.url, timeout=10) as client:
 
         async def get(gate_name: str, timeout: httpx.Timeout | None = None) -> None:
@@ -128,7 +127,8 @@ async def test_a_live_limit_change_keeps_fifo_max_pending_and_acquire_timeout(
             assert transport.statistics()[name].running == 3
             for i, gate in enumerate(waiters):
                 tg.start_soon(get, gate.name)
-                await until(lambda i=i: transport.statistics()[name].waiting == i + 1)
+                queued = i + 1
+                await until(lambda: transport.statistics()[name].waiting == queued)
                 if i == 1:  # a queue place left: it waits, and times out as with a static limit
                     with pytest.raises(AcquireTimeout):
                         await client.get("/", timeout=httpx.Timeout(10, pool=0.05))
@@ -149,7 +149,6 @@ async def test_a_live_limit_change_keeps_fifo_max_pending_and_acquire_timeout(
             holders[3].open()  # successes raise the limit: the others follow, in order
             await until(lambda: len(admitted()) == 3)
             for gate in waiters:
-                entered.append(gate.name)
                 gate.open()
     final = transport.statistics()[name]
     assert final.running == final.waiting == 0
