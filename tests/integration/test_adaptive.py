@@ -55,6 +55,10 @@ async def one_round(
     return limit
 
 
+def waiting_is(transport: BulkheadTransport, name: str, n: int) -> Callable[[], bool]:
+    return lambda: transport.statistics()[name].waiting == n
+
+
 def dependency(service: float, capacity: int) -> Callable[[int], float]:
     """A server of ``capacity`` workers and a queue: latency grows with the requests in
     flight above ``capacity``."""
@@ -127,8 +131,7 @@ async def test_a_live_limit_change_keeps_fifo_max_pending_and_acquire_timeout(
             assert transport.statistics()[name].running == 3
             for i, gate in enumerate(waiters):
                 tg.start_soon(get, gate.name)
-                queued = i + 1
-                await until(lambda: transport.statistics()[name].waiting == queued)
+                await until(waiting_is(transport, name, i + 1))
                 if i == 1:  # a queue place left: it waits, and times out as with a static limit
                     with pytest.raises(AcquireTimeout):
                         await client.get("/", timeout=httpx.Timeout(10, pool=0.05))
