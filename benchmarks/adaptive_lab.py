@@ -155,6 +155,11 @@ def contestant_process(
     return who.calls, who.limits
 
 
+def warm() -> None:
+    """Run in each worker before the start: unpickling it imports this module."""
+    time.sleep(0.3)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     phases = [(args.phase_seconds, n) for n in PHASES]
     total = args.phase_seconds * len(phases)
@@ -173,21 +178,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         arrivals.append(t)
     loop = asyncio.get_running_loop()
     context = multiprocessing.get_context("spawn")
+    pools = [ProcessPoolExecutor(1, mp_context=context) for _ in entries]  # one process each
     try:
-        with ProcessPoolExecutor(len(entries), mp_context=context) as pool:
-            # Warm the workers (imports) before the clock starts.
-            await asyncio.gather(*(loop.run_in_executor(pool, time.sleep, 0.5) for _ in entries))
-            server.command("start")
-            t0 = time.monotonic()
-            results = await asyncio.gather(
-                *(
-                    loop.run_in_executor(
-                        pool, contestant_process, name, limit, port, arrivals, t0, total
-                    )
-                    for (name, limit), port in zip(entries, server.ports, strict=True)
+        # Warm each worker (this module's imports) before the clock starts.
+        await asyncio.gather(*(loop.run_in_executor(pool, warm) for pool in pools))
+        server.command("start")
+        t0 = time.monotonic()
+        results = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool, contestant_process, name, limit, port, arrivals, t0, total
                 )
+                for pool, (name, limit), port in zip(pools, entries, server.ports, strict=True)
             )
+        )
     finally:
+        for pool in pools:
+            pool.shutdown()
         server.close()
     contestants = []
     for (name, limit), port, (calls, limits) in zip(entries, server.ports, results, strict=True):
@@ -271,7 +278,7 @@ def targets(result: dict[str, Any]) -> list[str]:
         settle = adaptive["settle_s"]
         ok_settle = settle is not None and settle < 5
         took = "never" if settle is None else f"{settle:.1f} s"
-        share = adaptive["goodput"] / best
+        share = adaptive["goodput"] / best if best else float("nan")
         p99 = adaptive["p99_ms"] / service
         p99_late = adaptive["p99_after_5s_ms"] / service
         lines.append(

@@ -30,10 +30,12 @@ latency: ``ratio = m / no_load``.  Below ``1 + (tolerance - 1) * QUIET`` the dep
 shows no queue: the limit grows by ``GROWTH`` (only when at least half the slots were in
 use: a limit the traffic does not reach proves nothing).  Above it, the limit becomes
 ``limit * max(MIN_GRADIENT, tolerance / ratio)``: with a dependency of N workers and a
-queue, ``m = no_load * limit / N`` once ``limit > N``, so this is ``tolerance * N`` in one
-step (Little's law: the dependency serves ``limit / m`` requests a second, N of them at
-once), and the limit settles near ``tolerance * N``.  A window with a drop also multiplies
-the limit by ``backoff``.
+queue, ``m = no_load * limit / N`` once ``limit > N``, so this is ``tolerance * N`` (Little's
+law: the dependency serves ``limit / m`` requests a second, N of them at once), and the
+limit settles near ``tolerance * N``.  A cut is applied by half (``SMOOTHING``), so one
+window of noise (a pause of our own event loop reads as latency) is not taken for a
+queue; a growth adds at least one slot, so noise cannot stall it either.  A window with a
+drop also multiplies the limit by ``backoff``.
 
 ``no_load`` is measured by *probes*, and moves halfway down to any lower window median
 (the minimum of many noisy medians would sink below the truth).  A probe drops the
@@ -99,6 +101,8 @@ MIN_LIMIT_WINDOWS = 5
 QUIET = 0.3
 #: Growth of one window while the latency shows no queue.
 GROWTH = 1.15
+#: The share of a window's cut that is applied.
+SMOOTHING = 0.5
 #: Largest cut of one window (the limit falls at most by half per window).
 MIN_GRADIENT = 0.5
 #: Changes of the applied limit kept for ``statistics().limit_history``.
@@ -277,8 +281,8 @@ class Gradient:
                 gradient = max(MIN_GRADIENT, spec.tolerance / ratio)
             if gradient > 1:  # at least one more slot: noise must not stall the growth
                 self.limit = max(self.limit * gradient, self.applied + 1.0)
-            else:
-                self.limit *= gradient
+            else:  # half the cut a window asks: one window of noise is not a queue
+                self.limit *= 1 - SMOOTHING * (1 - gradient)
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))

@@ -113,7 +113,7 @@ def test_gradient_settles_near_the_capacity_of_a_queueing_dependency(
     (plus one for the rounding), and stays there."""
     spec = AdaptiveLimit(initial_limit=initial, probe_interval=None)
     algorithm = Gradient(spec, random.Random(0))
-    _, trace = rounds(algorithm, queueing(service, lambda now: capacity), 200 * service)
+    _, trace = rounds(algorithm, queueing(service, lambda now: capacity), 1000 * service)
     settled = trace[-20:]
     assert min(settled) >= math.floor(capacity * 0.9), trace
     assert max(settled) <= math.ceil(capacity * spec.tolerance * 1.15) + 1, trace
