@@ -191,3 +191,41 @@ async def test_cancellation_at_every_await_leaves_the_counters_consistent(
         assert response.status_code == 200
     final = transport.statistics()[name]
     assert final.cancelled + final.cancelled_waiting > 0 and final.completed > 0
+
+
+async def test_the_exporters_follow_the_adaptive_limit(
+    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from httpx_bulkhead.prometheus import BulkheadCollector
+
+    clock = Clock()
+    spec = AdaptiveLimit(initial_limit=6, probe_interval=None, drop_statuses={503})
+    transport = BulkheadTransport(default=Policy(max_concurrency=spec), _clock=clock)
+    registry = CollectorRegistry()
+    registry.register(BulkheadCollector(transport))
+    name = server.url
+    label = f'compartment="{name}"'
+    async with httpx.AsyncClient(transport=transport, base_url=server.url, timeout=10) as client:
+        for _ in range(4):  # the first probe
+            await one_round(client, transport, name, app, unique("e"), clock, lambda n: 0.25)
+        stats = transport.statistics()[name]
+        assert (stats.limit, stats.no_load_latency) == (6, 0.25)
+        scraped = generate_latest(registry).decode()
+        assert f"httpx_bulkhead_concurrency_limit{{{label}}} 6.0" in scraped
+        assert f"httpx_bulkhead_no_load_latency_seconds{{{label}}} 0.25" in scraped
+        for _ in range(8):  # 503s are drops here: the limit is cut, and the scrape follows
+            assert (await client.get("/status/503")).status_code == 503
+        limit = transport.statistics()[name].limit
+        assert limit < 6
+        assert f"httpx_bulkhead_concurrency_limit{{{label}}} {limit:.1f}" in (
+            generate_latest(registry).decode()
+        )
+    static = BulkheadTransport(default=Policy(max_concurrency=3))
+    registry = CollectorRegistry()
+    registry.register(BulkheadCollector(static))
+    async with httpx.AsyncClient(transport=static, base_url=server.url, timeout=10) as client:
+        await client.get("/")
+    assert static.statistics()[name].no_load_latency is None
+    assert "httpx_bulkhead_no_load_latency_seconds{" not in generate_latest(registry).decode()
