@@ -275,11 +275,12 @@ class Gradient:
             if median < self.no_load:  # halfway: a min over noisy medians would sink
                 self.no_load = (self.no_load + median) / 2
             ratio = median / self.no_load
-            if ratio < 1 + (spec.tolerance - 1) * QUIET:  # no queue to speak of: grow
-                gradient = GROWTH if inflight * 2 >= self.applied else 1.0
-            else:  # the limit the queue implies (see the module docstring)
-                gradient = max(MIN_GRADIENT, spec.tolerance / ratio)
-            if gradient > 1:  # at least one more slot: noise must not stall the growth
+            quiet = ratio < 1 + (spec.tolerance - 1) * QUIET  # no queue to speak of
+            # Grow by GROWTH, or to the limit the queue implies (module docstring).
+            gradient = GROWTH if quiet else max(MIN_GRADIENT, spec.tolerance / ratio)
+            if gradient > 1 and inflight * 2 < self.applied:
+                pass  # the traffic does not use the limit: no evidence to grow
+            elif gradient > 1:  # at least one more slot: noise must not stall the growth
                 self.limit = max(self.limit * gradient, self.applied + 1.0)
             else:  # half the cut a window asks: one window of noise is not a queue
                 self.limit *= 1 - SMOOTHING * (1 - gradient)
