@@ -312,8 +312,8 @@ def targets(result: dict[str, Any]) -> list[str]:
             f" {'never' if first is None else f'{first:.1f} s'}; in the band"
             f" {adaptive['in_band_after_5s']:.0%} of the time from 5 s in; stays there to the"
             f" phase's end from {'never' if stays is None else f'{stays:.1f} s'});"
-            f" goodput >= 90% of the best static: {verdict(share >= 0.9)} ({share:.0%};"
-            f" {share_late:.0%} from 5 s in);"
+            f" goodput >= 90% of the best static: {verdict(share >= 0.9)} ({share:.1%};"
+            f" {share_late:.1%} from 5 s in);"
             f" p99 <= 1.5x service: {verdict(p99 <= 1.5)} ({p99:.2f}x; {p99_late:.2f}x from"
             f" 5 s in; too-high static {by[(phase, 'static 64')]['p99_ms'] / service:.2f}x)"
         )
