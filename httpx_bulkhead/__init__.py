@@ -13,6 +13,7 @@ dependency stays slow inside its own wall::
     transport.statistics()  # {compartment name: CompartmentStats}
 """
 
+from ._adaptive import AdaptiveLimit
 from ._config import Group, Policy
 from ._exceptions import (
     AcquireTimeout,
@@ -28,6 +29,7 @@ from ._transport import BulkheadTransport
 
 __all__ = [
     "AcquireTimeout",
+    "AdaptiveLimit",
     "BulkheadError",
     "BulkheadFull",
     "BulkheadTransport",

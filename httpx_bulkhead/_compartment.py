@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from ._adaptive import AdaptiveController, AdaptiveLimit
 from ._config import HTTPVersions, Origin, Policy
 from ._connections import Connections, Lease
 from ._events import Recorder, protocol_of
@@ -106,6 +107,13 @@ class Compartment:
         self._sink: Recorder | None = None
         threshold = policy.leak_threshold
         self._leaks = None if threshold is None else LeakDetector(name, threshold, timers, clock)
+        #: Moves the limit when ``max_concurrency`` is an ``AdaptiveLimit`` (else ``None``).
+        self.adaptive: AdaptiveController | None = None
+        if isinstance(policy.max_concurrency, AdaptiveLimit):
+            limiter = self.slots.limiter
+            self.adaptive = AdaptiveController(
+                policy.max_concurrency, limiter.set_limit, lambda: limiter.running, clock, rng
+            )
 
     @property
     def sink(self) -> Recorder | None:
@@ -140,17 +148,21 @@ class Compartment:
                 watch = self._leaks.watch()
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
-            lease, exchange, head, retried, conn_wait = await self.send(
+            lease, exchange, head, retried, conn_wait, sent = await self.send(
                 request, origin, timeouts, acquire_deadline, timeout.get("connect")
             )
         except BaseException as exc:
             if isinstance(exc, AcquireTimeout):
                 self._waited(self._clock() - started, None)
+            if self.adaptive is not None:
+                self.adaptive.failed(started + waited, exc)
             self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
             if watch is not None:
                 watch.release()
             raise
         stream = ResponseStream(self, lease, exchange, request, timeouts, watch)
+        if self.adaptive is not None:  # the sample: from sent (after our queues) to the head
+            stream.adaptive_sample = (sent, self._clock() - sent, head.status)
         try:  # from here the response stream owns the slot and the exchange
             queue_wait = waited + conn_wait
             self.slots.waits.record(queue_wait)
@@ -212,9 +224,10 @@ class Compartment:
         timeouts: Timeouts,
         acquire_by: float | None,
         connect: float | None,
-    ) -> tuple[Lease, Exchange, ResponseHead, bool, float]:
+    ) -> tuple[Lease, Exchange, ResponseHead, bool, float, float]:
         """Check out a connection and send ``request``; returns the connection, exchange,
-        response head, whether it was sent again, and the seconds waited for a connection.
+        response head, whether it was sent again, the seconds waited for a connection, and
+        (for an adaptive limit's sample; else 0.0) when the request was handed to it.
 
         A request that fails on a *reused* connection before any response byte (the server
         closed it while idle) is sent again, once, on a new connection when ``_can_retry``.
@@ -229,6 +242,7 @@ class Compartment:
             lease, wait = await checkout(request, origin, acquire_by, connect, timeouts, fresh)
             waited += wait
             exchange = lease.conn.start_exchange(lease.served > 1)
+            sent = 0.0 if self.adaptive is None else self._clock()  # connected: no dial time
             try:
                 head = await exchange.send_request(request, timeouts, trace)
             except Refused as refused:
@@ -265,7 +279,7 @@ class Compartment:
                     reason=type(exc).__name__,
                 )
                 continue
-            return lease, exchange, head, retried or replays > 0, waited
+            return lease, exchange, head, retried or replays > 0, waited, sent
 
     def _replay(self, request: httpx.Request, exchange: Exchange, replays: int) -> None:
         """Count a replay of a refused request, or raise when it may not be sent again."""
@@ -307,6 +321,10 @@ class Compartment:
             await self.fleet.aclose()  # its renewal and listener, before the transport's timers
 
     def statistics(self) -> CompartmentStats:
+        adaptive: dict[str, Any] = {}
+        if self.adaptive is not None:
+            adaptive["no_load_latency"] = self.adaptive.algorithm.no_load
+            adaptive["limit_history"] = tuple(self.adaptive.history)
         return compartment_stats(
             self.name,
             self.slots,
@@ -316,6 +334,7 @@ class Compartment:
             leaked_responses=self.leaked,
             slot_leaks=0 if self._leaks is None else self._leaks.detected,
             **fleet_fields(None if self.fleet is None else self.fleet.statistics()),
+            **adaptive,
         )
 
 

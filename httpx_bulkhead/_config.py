@@ -16,6 +16,7 @@ from typing import NamedTuple, TypeAlias
 import httpx
 import idna
 
+from ._adaptive import AdaptiveLimit
 from ._fleet_config import RedisFleetLimit
 
 __all__ = [
@@ -43,11 +44,14 @@ DEFAULT_MAX_STREAMS = 100
 DEFAULT_PING_TIMEOUT = 5.0
 
 
-def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
+def _check_int(
+    name: str, value: object, minimum: int, *, optional: bool = False, adaptive: bool = False
+) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an int or None" if optional else "an int"
+        kind = "an int or an AdaptiveLimit" if adaptive else kind
         raise TypeError(f"Policy.{name} must be {kind}, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"Policy.{name} must be >= {minimum}, got {value}")
@@ -69,7 +73,9 @@ class Policy:
 
     Args:
         max_concurrency: requests in flight at once (from slot acquired to response
-            closed). Default 100. ``0 <= running <= max_concurrency`` always holds.
+            closed). Default 100. ``0 <= running <= max_concurrency`` always holds. An
+            ``AdaptiveLimit`` lets an algorithm move the limit within its
+            ``[min_limit, max_limit]`` as the dependency's latency and drops change.
         max_pending: requests allowed to wait for a slot; when the queue is full a new
             request fails at once with ``BulkheadFull``. Default 1024; ``None`` means
             unbounded; ``0`` means never wait.
@@ -81,7 +87,8 @@ class Policy:
             closed, the slot freed and ``RequestTimeout`` raised. ``None`` (default): no
             total deadline, only httpx's per-operation timeouts.
         max_connections: connections the compartment may hold open. ``None`` (default)
-            means ``max_concurrency``: HTTP/1.1 needs one connection per request in flight.
+            means ``max_concurrency`` (an ``AdaptiveLimit``'s ``max_limit``, the most it
+            may allow): HTTP/1.1 needs one connection per request in flight.
         max_idle_connections: idle connections kept for reuse; surplus ones are closed when
             released. ``None`` (default) means ``max_connections``.
         idle_timeout: seconds an idle connection is kept. Default 4.0, below Node's 5 s
@@ -112,7 +119,7 @@ class Policy:
             On the default policy, every unlisted origin's compartment shares the one key.
     """
 
-    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    max_concurrency: int | AdaptiveLimit = DEFAULT_MAX_CONCURRENCY
     max_pending: int | None = DEFAULT_MAX_PENDING
     acquire_timeout: float | None = None
     request_timeout: float | None = None
@@ -128,7 +135,8 @@ class Policy:
     fleet: RedisFleetLimit | None = None
 
     def __post_init__(self) -> None:
-        _check_int("max_concurrency", self.max_concurrency, 1)
+        if not isinstance(self.max_concurrency, AdaptiveLimit):
+            _check_int("max_concurrency", self.max_concurrency, 1, adaptive=True)
         _check_int("max_pending", self.max_pending, 0, optional=True)
         _check_seconds("acquire_timeout", self.acquire_timeout, allow_zero=True)
         _check_seconds("request_timeout", self.request_timeout, allow_zero=False)
@@ -155,8 +163,19 @@ class Policy:
 
     @property
     def connection_limit(self) -> int:
-        """``max_connections``, with ``None`` resolved to ``max_concurrency``."""
-        return self.max_concurrency if self.max_connections is None else self.max_connections
+        """``max_connections``, with ``None`` resolved to ``max_concurrency`` (an
+        ``AdaptiveLimit``'s ``max_limit``)."""
+        if self.max_connections is not None:
+            return self.max_connections
+        limit = self.max_concurrency
+        return limit.max_limit if isinstance(limit, AdaptiveLimit) else limit
+
+    @property
+    def initial_limit(self) -> int:
+        """The slots a compartment starts with: ``max_concurrency``, or an
+        ``AdaptiveLimit``'s ``initial_limit``."""
+        limit = self.max_concurrency
+        return limit.initial_limit if isinstance(limit, AdaptiveLimit) else limit
 
     @property
     def idle_limit(self) -> int:

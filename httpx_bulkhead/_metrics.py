@@ -121,6 +121,10 @@ def _wait_quantiles(s: CompartmentStats) -> Values:
     return tuple((q, getattr(s, field)) for q, field in QUANTILES)
 
 
+def _no_load(s: CompartmentStats) -> Values:
+    return () if s.no_load_latency is None else ((None, s.no_load_latency),)
+
+
 def _pending_limit(s: CompartmentStats) -> Values:
     return () if s.max_pending is None else ((None, s.max_pending),)
 
@@ -202,9 +206,20 @@ FIGURES: tuple[Figure, ...] = (
         "httpx_bulkhead_concurrency_limit",
         Kind.LEVEL,
         "{request}",
-        "The compartment's configured max_concurrency (slots).",
+        "The compartment's concurrency limit (slots): max_concurrency, or the adaptive"
+        " limit's current value.",
         None,
         _one("limit"),
+    ),
+    Figure(
+        "httpx_bulkhead.adaptive.no_load_latency",
+        "httpx_bulkhead_no_load_latency_seconds",
+        Kind.LEVEL,
+        "s",
+        "Adaptive limit: the dependency's estimated no-load latency (request sent to response"
+        " head); absent for a static limit or before it is measured.",
+        None,
+        _no_load,
     ),
     Figure(
         "httpx_bulkhead.requests.pending_limit",

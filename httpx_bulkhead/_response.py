@@ -37,6 +37,10 @@ __all__ = ["ResponseStream"]
 class ResponseStream(httpx.AsyncByteStream):
     """Streams one response body; returns the connection and slot when done or closed."""
 
+    #: ``(sent, head latency, status)`` for an adaptive compartment's algorithm, set by
+    #: the compartment; fed when the exchange ends (a class default: no cost otherwise).
+    adaptive_sample: tuple[float, float, int] | None = None
+
     def __init__(
         self,
         compartment: Compartment,
@@ -108,6 +112,8 @@ class ResponseStream(httpx.AsyncByteStream):
             return None
         self._finished = True
         self._error = self._timeouts.expired("while the response was held unread", self._request)
+        if self.adaptive_sample is not None:
+            self._feed_adaptive(self._error)
         closing = self._compartment.end_abandoned(self._lease, self._exchange, self._error, FAILED)
         if self._watch is not None:
             self._watch.release()
@@ -159,9 +165,16 @@ class ResponseStream(httpx.AsyncByteStream):
                 outcome = FAILED
             else:
                 outcome = CANCELLED
+            if self.adaptive_sample is not None:
+                self._feed_adaptive(exc)
             self._compartment.release(outcome)
             if self._watch is not None:
                 self._watch.release()
+
+    def _feed_adaptive(self, exc: BaseException | None) -> None:
+        sample, adaptive = self.adaptive_sample, self._compartment.adaptive
+        if sample is not None and adaptive is not None:  # (both are, when called)
+            adaptive.ended(*sample, exc)
 
 
 def _expire_later(stream: ResponseStream) -> _Expiry:

@@ -34,7 +34,7 @@ class Slots:
         self._name = name
         self._policy = policy
         self._clock = clock
-        self.limiter = Limiter(policy.max_concurrency, policy.max_pending)
+        self.limiter = Limiter(policy.initial_limit, policy.max_pending)
         self.waits = WaitWindow()  # acquire waits (slot and connection), for the quantiles
         self.outcomes = [0, 0, 0]  # exchanges that held a slot, by Outcome
         self.timeouts = 0  # waits for a slot that timed out

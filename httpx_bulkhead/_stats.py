@@ -113,7 +113,7 @@ class CompartmentStats:
     running: int
     #: Requests queued for a slot.
     waiting: int
-    #: ``Policy.max_concurrency``: slots.
+    #: Slots: ``Policy.max_concurrency``, or an ``AdaptiveLimit``'s current limit.
     limit: int
     #: ``Policy.max_pending``: places in the queue (``None``: unbounded).
     max_pending: int | None
@@ -229,11 +229,19 @@ class CompartmentStats:
     #: Leases found gone at renewal (expired, or Redis lost its data): their requests
     #: went on, counted in ``fleet_leases_local`` until registered again.
     fleet_lost: int = 0
+    #: Adaptive limit (``AdaptiveLimit``) only: the no-load latency the gradient algorithm
+    #: measured (seconds from request sent to response head; ``None``: static limit, AIMD,
+    #: or not measured yet).
+    no_load_latency: float | None = None
+    #: Adaptive limit only: ``(time, limit)`` at each change of the limit, oldest first, the
+    #: last 256; ``time`` is the compartment's clock (``time.monotonic()``).
+    limit_history: tuple[tuple[float, int], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         """Every field, grouped as ``str()`` shows them, for logs and JSON::
 
-            {"name": ..., "slots": {"running", "waiting", "limit", "max_pending"},
+            {"name": ..., "slots": {"running", "waiting", "limit", "max_pending",
+                                    "no_load_latency", "limit_history" (a list of pairs)},
              "connections": {"open", "idle", "in_use", "waiting", "created", "proxied"},
              "requests": {"acquired", "completed", "failed", "cancelled", "rejected",
                           "acquire_timeouts", "cancelled_waiting", "stale_retries",
@@ -251,14 +259,23 @@ class CompartmentStats:
         out: dict[str, object] = {"name": self.name}
         for group, fields in GROUPS:
             out[group] = {
-                label: list(value) if isinstance(value, tuple) else value
+                label: _plain(value)
                 for label, value in ((label, getattr(self, field)) for label, field in fields)
             }
         return out
 
     def __str__(self) -> str:
         limit = "" if self.max_pending is None else f" (max_pending {self.max_pending})"
-        lines = [f"{self.name}: {self.running}/{self.limit} running, {self.waiting} waiting{limit}"]
+        adaptive = ""
+        if self.limit_history:
+            adaptive = " (adaptive"
+            if self.no_load_latency is not None:
+                adaptive += f", no-load latency {self.no_load_latency * 1000:.1f} ms"
+            adaptive += ")"
+        lines = [
+            f"{self.name}: {self.running}/{self.limit} running{adaptive},"
+            f" {self.waiting} waiting{limit}"
+        ]
         for group, fields in GROUPS[1:]:
             parts = [
                 _part(label, getattr(self, field))
@@ -268,6 +285,13 @@ class CompartmentStats:
             if parts:
                 lines.append(f"  {group}: " + ", ".join(parts))
         return "\n".join(lines)
+
+
+def _plain(value: object) -> object:
+    """``value`` with tuples as lists, at any depth (JSON's shape)."""
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _part(label: str, value: object) -> str:
@@ -289,6 +313,8 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("waiting", "waiting"),
             ("limit", "limit"),
             ("max_pending", "max_pending"),
+            ("no_load_latency", "no_load_latency"),
+            ("limit_history", "limit_history"),
         ),
     ),
     (
@@ -508,8 +534,12 @@ _GAUGES = frozenset(
         "fleet_leases_local",
         "fleet_waiting",
         *_FLEET_UNSET,
+        "no_load_latency",
+        "limit_history",
     }
 )
+#: Gauges with their own defaults (``None``, ``()``): an evicted compartment has none.
+_ADAPTIVE = frozenset({"no_load_latency", "limit_history"})
 _COUNTERS = tuple(f.name for f in dataclasses.fields(CompartmentStats) if f.name not in _GAUGES)
 
 
@@ -522,6 +552,6 @@ def fold_evicted(total: CompartmentStats | None, evicted: CompartmentStats) -> C
         for name in _COUNTERS
     }
     gauges: dict[str, Any] = dict.fromkeys(
-        _GAUGES - {"name", "max_pending", "stream_caps"} - _FLEET_UNSET, 0
+        _GAUGES - {"name", "max_pending", "stream_caps", *_ADAPTIVE} - _FLEET_UNSET, 0
     )
     return CompartmentStats(name=EVICTED, max_pending=None, stream_caps=(), **gauges, **counts)

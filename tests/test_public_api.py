@@ -29,6 +29,7 @@ from httpx_bulkhead import (
 
 PUBLIC = {
     "AcquireTimeout",
+    "AdaptiveLimit",
     "BulkheadError",
     "BulkheadFull",
     "BulkheadTransport",

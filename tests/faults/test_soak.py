@@ -288,7 +288,7 @@ def check_compartment(comp: Compartment, *, closed: bool) -> None:
     if closed:
         assert (stats.connections, stats.idle_connections) == (0, 0), stats
     peak = peak_inside(comp.log, comp.clock.released)
-    assert peak <= comp.policy.max_concurrency, (comp.name, peak, comp.policy)
+    assert peak <= comp.policy.initial_limit, (comp.name, peak, comp.policy)  # static
 
 
 @dataclass

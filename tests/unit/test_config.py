@@ -48,7 +48,7 @@ def test_invalid_policy_names_the_field(field: str, value: Any, error: type[Exce
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("max_concurrency", 1.5, "must be an int, got float"),
+        ("max_concurrency", 1.5, "must be an int or an AdaptiveLimit, got float"),
         ("max_pending", 1.5, "must be an int or None, got float"),
         ("max_concurrency", 0, "must be >= 1, got 0"),
         ("max_pending", -1, "must be >= 0, got -1"),

@@ -1,0 +1,406 @@
+"""The adaptive-concurrency lab: static limits and an adaptive one against a dependency whose
+capacity changes mid-run.
+
+    python -m benchmarks.adaptive_lab            # ~50 s; writes adaptive_lab.{json,md,png}
+    python -m benchmarks.adaptive_lab --phase-seconds 3 --rate 120 --out /tmp/lab
+
+The dependency (``capacity_server.js``) has N workers and a FIFO queue beyond them, each
+request served in ``--service-ms`` (x U[0.9, 1.1]); N goes 16 -> 4 -> 24, one phase each.
+Three contestants call it at once, each its own copy of the dependency (one port each),
+each in a process of its own (one event loop each, as three services would):
+``Policy(max_concurrency=64)`` (too high), ``16`` (right for the first phase) and
+``AdaptiveLimit()`` (the defaults), all with ``max_pending=0``: a request that
+finds no slot is rejected at once (``BulkheadFull``), so a contestant's latency is its
+dependency's, not a queue of ours.  The load is open-loop: Poisson arrivals at ``--rate``
+per second (the same arrival times for the three), whatever the responses do, above every
+phase's capacity (``N / service``), so each limit is used and the excess is rejected.
+
+Reported per phase and contestant: goodput (responses completed in the phase per second),
+p50/p99 latency of those responses (request start to body read), rejections; for the
+adaptive limit, how long after the phase began its limit came within 25% of N and stayed
+there to the phase's end (``settle``), and the p99 from 5 s into the phase.  The limit is
+read from ``statistics()`` every 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import random
+import shutil
+import subprocess
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from httpx_bulkhead import AdaptiveLimit, BulkheadFull, BulkheadTransport, Policy
+
+HERE = Path(__file__).resolve().parent
+PHASES = (16, 4, 24)
+SAMPLE_EVERY = 0.05
+SETTLE_BAND = 0.25
+
+
+@dataclass
+class Contestant:
+    name: str
+    limit: int | AdaptiveLimit
+    port: int
+    transport: BulkheadTransport = field(init=False)
+    #: (arrival, end, outcome) per request: outcome "ok", "rejected" or an error name.
+    calls: list[tuple[float, float, str]] = field(default_factory=list)
+    #: (time, limit) samples from statistics().
+    limits: list[tuple[float, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.transport = BulkheadTransport(
+            default=Policy(max_concurrency=self.limit, max_pending=0)
+        )
+
+
+class CapacityServer:
+    """``node capacity_server.js``; commands over its stdin."""
+
+    def __init__(self, ports: int, service_ms: float, phases: list[tuple[float, int]]):
+        node = shutil.which("node")
+        if node is None:
+            raise RuntimeError("the lab needs Node.js (`node`) on PATH")
+        spec = ",".join(f"{seconds:g}:{n}" for seconds, n in phases)
+        cmd = [node, str(HERE / "capacity_server.js"), "--ports", str(ports)]
+        cmd += ["--service-ms", f"{service_ms:g}", "--phases", spec]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.ports: list[int] = self._read()["ports"]
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("capacity_server.js exited")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def command(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(timeout=5)
+        self.proc.stdout.close()
+
+
+async def call(who: Contestant, url: str, t0: float) -> None:
+    """One request through the transport itself (``httpx.AsyncClient`` would double the
+    client's CPU per request, and a saturated event loop reads as a slow dependency)."""
+    start = time.monotonic() - t0
+    try:
+        response = await who.transport.handle_async_request(httpx.Request("GET", url))
+        await response.aread()
+        await response.aclose()
+        outcome = "ok" if response.status_code == 200 else f"status {response.status_code}"
+    except BulkheadFull:
+        outcome = "rejected"
+    except httpx.HTTPError as exc:
+        outcome = type(exc).__name__
+    who.calls.append((start, time.monotonic() - t0, outcome))
+
+
+async def sample_limits(who: Contestant, t0: float, until: float) -> None:
+    while (now := time.monotonic() - t0) < until:
+        for stats in who.transport.statistics().values():  # one compartment
+            who.limits.append((now, stats.limit))
+        await asyncio.sleep(SAMPLE_EVERY)
+
+
+async def drive(who: Contestant, arrivals: list[float], t0: float, total: float) -> None:
+    """Open loop: a task per arrival at its time, whatever the responses do."""
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+    url = f"http://127.0.0.1:{who.port}/"
+    sampler = asyncio.create_task(sample_limits(who, t0, total))
+    try:
+        for at in arrivals:
+            delay = at - (time.monotonic() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = loop.create_task(call(who, url, t0))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await sampler
+        await asyncio.gather(*tasks)
+    finally:
+        await who.transport.aclose()
+
+
+def contestant_process(
+    name: str, limit: int | AdaptiveLimit, port: int, arrivals: list[float], t0: float, total: float
+) -> tuple[list[tuple[float, float, str]], list[tuple[float, int]]]:
+    """One contestant in a process of its own (its own event loop and core share); ``t0``
+    is a ``time.monotonic()`` instant, the same in every process (one system clock)."""
+    who = Contestant(name, limit, port)
+    asyncio.run(drive(who, arrivals, t0, total))
+    return who.calls, who.limits
+
+
+def warm() -> None:
+    """Run in each worker before the start: unpickling it imports this module."""
+    time.sleep(0.3)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    phases = [(args.phase_seconds, n) for n in PHASES]
+    total = args.phase_seconds * len(phases)
+    server = CapacityServer(3, args.service_ms, phases)
+    entries: list[tuple[str, int | AdaptiveLimit]] = [
+        ("static 64", 64),
+        ("static 16", 16),
+        ("adaptive", AdaptiveLimit()),
+    ]
+    rng = random.Random(args.seed)
+    arrivals, t = [], 0.0
+    while True:
+        t += rng.expovariate(args.rate)
+        if t >= total:
+            break
+        arrivals.append(t)
+    loop = asyncio.get_running_loop()
+    context = multiprocessing.get_context("spawn")
+    pools = [ProcessPoolExecutor(1, mp_context=context) for _ in entries]  # one process each
+    try:
+        # Warm each worker (this module's imports) before the clock starts.
+        await asyncio.gather(*(loop.run_in_executor(pool, warm) for pool in pools))
+        server.command("start")
+        t0 = time.monotonic()
+        results = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool, contestant_process, name, limit, port, arrivals, t0, total
+                )
+                for pool, (name, limit), port in zip(pools, entries, server.ports, strict=True)
+            )
+        )
+    finally:
+        for pool in pools:
+            pool.shutdown()
+        server.close()
+    contestants = []
+    for (name, limit), port, (calls, limits) in zip(entries, server.ports, results, strict=True):
+        who = Contestant(name, limit, port)
+        who.calls, who.limits = calls, limits
+        contestants.append(who)
+    return report(contestants, phases, args)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def settle_time(limits: list[tuple[float, int]], start: float, end: float, n: int) -> float | None:
+    """Seconds from ``start`` until the limit is within the band and stays there to ``end``."""
+    inside = [(t, limit) for t, limit in limits if start <= t < end]
+    settled: float | None = None
+    for t, limit in inside:
+        if abs(limit - n) <= SETTLE_BAND * n:
+            if settled is None:
+                settled = t - start
+        else:
+            settled = None
+    return settled
+
+
+def first_in_band(
+    limits: list[tuple[float, int]], start: float, end: float, n: int
+) -> float | None:
+    """Seconds from ``start`` until the limit first comes within the band."""
+    for t, limit in limits:
+        if start <= t < end and abs(limit - n) <= SETTLE_BAND * n:
+            return t - start
+    return None
+
+
+def in_band_share(limits: list[tuple[float, int]], start: float, end: float, n: int) -> float:
+    """The share of the samples from ``start`` to ``end`` with the limit within the band."""
+    inside = [abs(limit - n) <= SETTLE_BAND * n for t, limit in limits if start <= t < end]
+    return sum(inside) / len(inside) if inside else float("nan")
+
+
+def report(
+    contestants: list[Contestant], phases: list[tuple[float, int]], args: argparse.Namespace
+) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    start = 0.0
+    for index, (seconds, n) in enumerate(phases):
+        end = start + seconds
+        for who in contestants:
+            done = [(a, e, o) for a, e, o in who.calls if start <= e < end]
+            ok = [e - a for a, e, o in done if o == "ok"]
+            settled_ok = [e - a for a, e, o in done if o == "ok" and e >= start + 5]
+            arrived = [o for a, e, o in who.calls if start <= a < end]
+            row: dict[str, Any] = {
+                "phase": index + 1,
+                "N": n,
+                "contestant": who.name,
+                "goodput": len(ok) / seconds,
+                "capacity": n / (args.service_ms / 1000),
+                "p50_ms": _quantile(ok, 0.5) * 1000,
+                "p99_ms": _quantile(ok, 0.99) * 1000,
+                "p99_after_5s_ms": _quantile(settled_ok, 0.99) * 1000,
+                "rejected": sum(o == "rejected" for o in arrived),
+                "errors": sum(o not in ("ok", "rejected") for o in arrived),
+                "limit_min_after_5s": min(
+                    (lim for t, lim in who.limits if start + 5 <= t < end), default=None
+                ),
+                "limit_max_after_5s": max(
+                    (lim for t, lim in who.limits if start + 5 <= t < end), default=None
+                ),
+                "settle_s": settle_time(who.limits, start, end, n),
+                "first_in_band_s": first_in_band(who.limits, start, end, n),
+                "in_band_after_5s": in_band_share(who.limits, start + 5, end, n),
+                "goodput_after_5s": sum(1 for a, e, o in done if o == "ok" and e >= start + 5)
+                / max(seconds - 5, 1e-9),
+            }
+            rows.append(row)
+        start = end
+    return {
+        "service_ms": args.service_ms,
+        "rate": args.rate,
+        "phase_seconds": args.phase_seconds,
+        "phases": [n for _, n in phases],
+        "rows": rows,
+        "limits": {who.name: who.limits for who in contestants},
+    }
+
+
+def targets(result: dict[str, Any]) -> list[str]:
+    """The issue's targets, met or not, with the figures."""
+    service = result["service_ms"]
+    lines = []
+    by = {(r["phase"], r["contestant"]): r for r in result["rows"]}
+    for phase, n in enumerate(result["phases"], 1):
+        adaptive = by[(phase, "adaptive")]
+        statics = [by[(phase, name)] for name in ("static 64", "static 16")]
+        best = max(r["goodput"] for r in statics)
+        best_late = max(r["goodput_after_5s"] for r in statics)
+        first, stays = adaptive["first_in_band_s"], adaptive["settle_s"]
+        share = adaptive["goodput"] / best if best else float("nan")
+        share_late = adaptive["goodput_after_5s"] / best_late if best_late else float("nan")
+        p99 = adaptive["p99_ms"] / service
+        p99_late = adaptive["p99_after_5s_ms"] / service
+
+        def verdict(ok: bool) -> str:
+            return "met" if ok else "NOT met"
+
+        lines.append(
+            f"phase {phase} (N={n}): within 25% of N in under 5 s:"
+            f" {verdict(first is not None and first < 5)} (first at"
+            f" {'never' if first is None else f'{first:.1f} s'}; in the band"
+            f" {adaptive['in_band_after_5s']:.0%} of the time from 5 s in; stays there to the"
+            f" phase's end from {'never' if stays is None else f'{stays:.1f} s'});"
+            f" goodput >= 90% of the best static: {verdict(share >= 0.9)} ({share:.1%};"
+            f" {share_late:.1%} from 5 s in);"
+            f" p99 <= 1.5x service: {verdict(p99 <= 1.5)} ({p99:.2f}x; {p99_late:.2f}x from"
+            f" 5 s in; too-high static {by[(phase, 'static 64')]['p99_ms'] / service:.2f}x)"
+        )
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    out = [
+        f"Service time {result['service_ms']:g} ms (x U[0.9, 1.1]), open-loop Poisson arrivals"
+        f" at {result['rate']:g}/s, {result['phase_seconds']:g} s per phase, max_pending=0.",
+        "",
+        "| phase | N (capacity/s) | contestant | goodput/s | p50 | p99 | p99 from 5 s in |"
+        " rejected | limit from 5 s in | in band (N±25%) after, share from 5 s in |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in result["rows"]:
+        lim = (
+            f"{r['limit_min_after_5s']}-{r['limit_max_after_5s']}"
+            if r["limit_min_after_5s"] is not None
+            else "-"
+        )
+        first = r["first_in_band_s"]
+        settle = "-" if first is None else f"{first:.1f} s, {r['in_band_after_5s']:.0%}"
+        if r["contestant"] != "adaptive":
+            settle = ""
+        out.append(
+            f"| {r['phase']} | {r['N']} ({r['capacity']:.0f}/s) | {r['contestant']} |"
+            f" {r['goodput']:.1f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms |"
+            f" {r['p99_after_5s_ms']:.0f} ms | {r['rejected']} | {lim} | {settle} |"
+        )
+    out += ["", *(f"- {line}" for line in targets(result))]
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    seconds = result["phase_seconds"]
+    truth_t, truth_n = [], []
+    for index, n in enumerate(result["phases"]):
+        truth_t += [index * seconds, (index + 1) * seconds]
+        truth_n += [n, n]
+    ax.plot(truth_t, truth_n, color="black", linewidth=2, label="true N (workers)")
+    for name, style in (("adaptive", "-"), ("static 16", ":"), ("static 64", "--")):
+        series = result["limits"][name]
+        ax.step([t for t, _ in series], [lim for _, lim in series], style, where="post", label=name)
+    ax.fill_between(
+        truth_t,
+        [n * (1 - SETTLE_BAND) for n in truth_n],
+        [n * (1 + SETTLE_BAND) for n in truth_n],
+        color="grey",
+        alpha=0.2,
+        label="N ± 25%",
+    )
+    ax.set_ylim(0, 70)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("concurrency limit")
+    ax.set_title(
+        f"Adaptive limit vs the dependency's capacity ({result['service_ms']:g} ms service,"
+        f" {result['rate']:g} req/s open loop)"
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phase-seconds", type=float, default=15.0)
+    parser.add_argument("--service-ms", type=float, default=100.0)
+    parser.add_argument("--rate", type=float, default=300.0, help="arrivals per second")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=HERE / "adaptive_lab")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    text = markdown(result)
+    print(text)
+    out: Path = args.out
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+    plot(result, out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""Adaptive concurrency: a compartment that finds its dependency's capacity by itself.
+
+``Policy(max_concurrency=AdaptiveLimit(...))`` replaces a fixed number of slots with one an
+algorithm moves as it watches the exchanges end.  This module holds the configuration
+(``AdaptiveLimit``), the two algorithms (``Gradient``, ``AIMD``: pure, clock-free, fed
+samples and "now") and ``AdaptiveController``, the few lines that feed an algorithm from a
+compartment and apply its verdict with ``Limiter.set_limit``.
+
+Theory of operation
+-------------------
+*A sample* is one exchange that ended: the instant its request was handed to a connection
+(after the wait for a slot and for a connection, which are our own queues, and after the
+connect, which the limit's growth would otherwise pay for in new connections), the
+seconds from then to the response head, and whether it was a *drop*.  The
+response head, not the body's end: it is what the dependency's queueing and work delay,
+it is known for every response (also one closed early), and it does not grow when the
+caller reads the body slowly.  The sample is fed when the exchange ends (body read, closed,
+or failed), so a body that then times out counts as a drop.  A drop is a timeout of the
+exchange (``RequestTimeout``, httpx's connect/read/write timeouts; not ``AcquireTimeout``,
+which is our queue) or a status of ``AdaptiveLimit.drop_statuses`` (opt-in, e.g. 429/503).
+An exchange that failed otherwise (connection refused, protocol error) or was cancelled
+before its head says nothing about load and is not fed.
+
+*Gradient* (after Envoy's adaptive concurrency filter and Netflix's Gradient2): samples
+are gathered in windows of ``max(WINDOW_SAMPLES, limit)`` exchanges (about one round
+trip of the whole limit); after the limit changed, only exchanges that *started* after the
+change count, so a window measures the limit in force, not the queue an older, higher
+limit built.  At a window's end its median latency ``m`` is compared with the no-load
+latency: ``ratio = m / no_load``.  Below ``1 + (tolerance - 1) * QUIET`` the dependency
+shows no queue: the limit grows by ``GROWTH`` (only when at least half the slots were in
+use: a limit the traffic does not reach proves nothing).  Above it, the limit becomes
+``limit * max(MIN_GRADIENT, tolerance / ratio)``: with a dependency of N workers and a
+queue, ``m = no_load * limit / N`` once ``limit > N``, so this is ``tolerance * N`` (Little's
+law: the dependency serves ``limit / m`` requests a second, N of them at once), and the
+limit settles near ``tolerance * N``.  A cut is applied by half (``SMOOTHING``), so one
+window of noise (a pause of our own event loop reads as latency) is not taken for a
+queue; a growth adds at least one slot, so noise cannot stall it either.  A window with a
+drop also multiplies the limit by ``backoff``.
+
+``no_load`` is measured by *probes*, and moves halfway down to any lower window median
+(the minimum of many noisy medians would sink below the truth).  A probe drops the
+limit to ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window, whose median
+becomes the new ``no_load``, then restores the limit.  Probes run first (no estimate yet:
+at ``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be),
+every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe
+at once), and after ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the
+dependency became slower for good: the old ``no_load`` is obsolete), as Envoy does.
+
+*AIMD* (as TCP's congestion avoidance): each drop multiplies the limit by ``backoff``,
+once per round trip (drops of exchanges that started before the last cut are the old
+limit's and are ignored); each other sample adds ``1 / limit`` while at least half the
+slots are in use, about one slot per round trip.
+
+Invariants: ``min_limit <= limit <= max_limit`` after every call; the applied limit is an
+int (the float state rounded down); the algorithms read no clock, do no I/O and keep
+O(window) memory; the controller records each change of the applied limit in a bounded
+history (``HISTORY`` entries).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+__all__ = [
+    "AIMD",
+    "AdaptiveController",
+    "AdaptiveLimit",
+    "Gradient",
+    "is_drop",
+    "make_algorithm",
+]
+
+DEFAULT_MIN_LIMIT = 1
+DEFAULT_MAX_LIMIT = 200
+DEFAULT_INITIAL_LIMIT = 10
+#: Gradient: latency accepted above the no-load latency before the limit is cut (15%).
+DEFAULT_TOLERANCE = 1.15
+#: Gradient: seconds between two probes of the no-load latency.
+DEFAULT_PROBE_INTERVAL = 60.0
+#: The limit is multiplied by this on a drop (both algorithms).
+DEFAULT_BACKOFF = 0.9
+#: Fewest samples in a gradient window (the window is ``max(this, limit)`` samples).
+WINDOW_SAMPLES = 8
+#: Fewest samples in a probe window (a probe runs at a low limit: fewer samples suffice).
+PROBE_SAMPLES = 4
+#: A probe runs at ``limit * PROBE_FRACTION`` (at least ``min_limit``).
+PROBE_FRACTION = 0.25
+#: Probes are delayed by up to this fraction of ``probe_interval``, at random.
+PROBE_JITTER = 0.1
+#: Windows in a row at ``min_limit`` that start a probe.
+MIN_LIMIT_WINDOWS = 5
+#: The latency shows no queue while below ``no_load * (1 + (tolerance - 1) * QUIET)``.
+QUIET = 0.3
+#: Growth of one window while the latency shows no queue.
+GROWTH = 1.15
+#: The share of a window's cut that is applied.
+SMOOTHING = 0.5
+#: Largest cut of one window (the limit falls at most by half per window).
+MIN_GRADIENT = 0.5
+#: Changes of the applied limit kept for ``statistics().limit_history``.
+HISTORY = 256
+
+Algorithm = Literal["gradient", "aimd"]
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"AdaptiveLimit.{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"AdaptiveLimit.{name} must be >= {minimum}, got {value}")
+
+
+def _check_number(name: str, value: object, low: float, high: float) -> None:
+    """``low < value <= high`` (a number, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"AdaptiveLimit.{name} must be a number, got {value!r}")
+    if not low < value <= high:  # NaN fails too
+        raise ValueError(f"AdaptiveLimit.{name} must be in ({low:g}, {high:g}], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveLimit:
+    """A concurrency limit that follows the dependency: ``Policy(max_concurrency=AdaptiveLimit())``.
+
+    Every default is meant to be left alone; ``min_limit``/``max_limit`` bound what the
+    algorithm may do and are the ones worth setting.
+
+    Args:
+        min_limit: fewest slots, whatever the latency. Default 1.
+        max_limit: most slots, whatever the latency; also the compartment's connection
+            limit when ``Policy.max_connections`` is ``None``. Default 200.
+        initial_limit: slots once the gradient's first probe (a few exchanges at
+            ``min_limit``, to measure the no-load latency) is over, and AIMD's at the start.
+            Default 10; must be in ``[min_limit, max_limit]``.
+        algorithm: ``"gradient"`` (default): follows the response latency against its
+            no-load value, and drops; ``"aimd"``: follows drops only (a timeout, or a
+            status of ``drop_statuses``), for dependencies whose latency says nothing of
+            their load.
+        tolerance: gradient only: how far the latency may rise above its no-load value
+            before the limit is cut (1.15: 15%). It sets the queue the limit allows at the
+            dependency: the limit settles near ``tolerance`` x its capacity. Default 1.15;
+            in ``(1, 3]``.
+        probe_interval: gradient only: seconds between two measures of the no-load
+            latency (the limit drops to a quarter for about two round trips). ``None``:
+            only the first probe and those after a long stay at ``min_limit``. Default 60.
+        backoff: the limit is multiplied by this on a drop (at most once per round trip
+            for AIMD, per window for the gradient). Default 0.9; in ``(0, 1)``.
+        drop_statuses: response status codes that count as drops, e.g. ``{429, 503}``
+            (kept as a frozenset). Default: none (only timeouts are drops).
+
+    Raises:
+        TypeError, ValueError: a value of the wrong type or out of range (the message
+            names the field and the value).
+    """
+
+    min_limit: int = DEFAULT_MIN_LIMIT
+    max_limit: int = DEFAULT_MAX_LIMIT
+    initial_limit: int = DEFAULT_INITIAL_LIMIT
+    algorithm: Algorithm = "gradient"
+    tolerance: float = DEFAULT_TOLERANCE
+    probe_interval: float | None = DEFAULT_PROBE_INTERVAL
+    backoff: float = DEFAULT_BACKOFF
+    drop_statuses: AbstractSet[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        _check_int("min_limit", self.min_limit, 1)
+        _check_int("max_limit", self.max_limit, self.min_limit)
+        _check_int("initial_limit", self.initial_limit, self.min_limit)
+        if self.initial_limit > self.max_limit:
+            raise ValueError(
+                f"AdaptiveLimit.initial_limit must be <= max_limit={self.max_limit},"
+                f" got {self.initial_limit}"
+            )
+        if self.algorithm not in ("gradient", "aimd"):
+            raise ValueError(
+                f"AdaptiveLimit.algorithm must be 'gradient' or 'aimd', got {self.algorithm!r}"
+            )
+        _check_number("tolerance", self.tolerance, 1.0, 3.0)
+        if self.probe_interval is not None:
+            _check_number("probe_interval", self.probe_interval, 0.0, math.inf)
+        _check_number("backoff", self.backoff, 0.0, 1.0)
+        if self.backoff == 1:
+            raise ValueError("AdaptiveLimit.backoff must be < 1, got 1")
+        statuses = self.drop_statuses
+        if not isinstance(statuses, AbstractSet):
+            raise TypeError(
+                f"AdaptiveLimit.drop_statuses must be a set of status codes, got {statuses!r}"
+            )
+        for status in statuses:
+            if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status < 600:
+                raise ValueError(
+                    f"AdaptiveLimit.drop_statuses must hold status codes, got {status!r}"
+                )
+        object.__setattr__(self, "drop_statuses", frozenset(statuses))
+
+
+class Gradient:
+    """The latency-gradient algorithm (see the module docstring).  Pure: ``now`` is given."""
+
+    __slots__ = (
+        "_at_min",
+        "_drops",
+        "_inflight",
+        "_next_probe",
+        "_opened",
+        "_probing",
+        "_rng",
+        "_samples",
+        "_saved",
+        "limit",
+        "no_load",
+        "spec",
+    )
+
+    def __init__(self, spec: AdaptiveLimit, rng: random.Random | None = None) -> None:
+        self.spec = spec
+        self._rng = rng or random.Random()
+        self.limit = float(spec.initial_limit)
+        #: The no-load latency estimate, seconds (``None`` until the first probe ends).
+        self.no_load: float | None = None
+        self._samples: list[float] = []
+        self._drops = 0
+        self._inflight = 0  # most slots in use seen in the window
+        self._opened = -math.inf  # samples of exchanges that started earlier are ignored
+        self._at_min = 0
+        self._saved = self.limit
+        self._probing = False
+        self._next_probe = math.inf
+        self._start_probe(-math.inf, float(spec.min_limit))  # no estimate yet
+
+    @property
+    def applied(self) -> int:
+        """The limit to apply: the state rounded down, within ``[min_limit, max_limit]``."""
+        return min(self.spec.max_limit, max(self.spec.min_limit, int(self.limit)))
+
+    def update(
+        self, now: float, started: float, latency: float, dropped: bool, inflight: int
+    ) -> int:
+        """Feed one sample (see the module docstring); returns the limit to apply."""
+        if started < self._opened:
+            return self.applied  # measures a limit no longer in force
+        self._inflight = max(self._inflight, inflight)
+        if dropped:
+            self._drops += 1
+        else:
+            self._samples.append(latency)
+        wanted = PROBE_SAMPLES if self._probing else WINDOW_SAMPLES
+        if len(self._samples) + self._drops >= max(wanted, self.applied):
+            self._close_window(now)
+        return self.applied
+
+    def _close_window(self, now: float) -> None:
+        samples, drops, inflight = self._samples, self._drops, self._inflight
+        self._samples, self._drops, self._inflight = [], 0, 0
+        before = self.applied
+        median = _median(samples) if samples else None
+        if self._probing:
+            self._probing = False
+            self.limit = self._saved
+            if median:  # (a clock too coarse to see a latency gives no estimate)
+                self.no_load = median
+            self._schedule_probe(now)
+            self._opened = now  # the probe's own samples say nothing of the limit restored
+            return
+        spec = self.spec
+        if median is not None and self.no_load is not None and median > 0:
+            if median < self.no_load:  # halfway: a min over noisy medians would sink
+                self.no_load = (self.no_load + median) / 2
+            ratio = median / self.no_load
+            quiet = ratio < 1 + (spec.tolerance - 1) * QUIET  # no queue to speak of
+            # Grow by GROWTH, or to the limit the queue implies (module docstring).
+            gradient = GROWTH if quiet else max(MIN_GRADIENT, spec.tolerance / ratio)
+            if gradient > 1 and inflight * 2 < self.applied:
+                pass  # the traffic does not use the limit: no evidence to grow
+            elif gradient > 1:  # at least one more slot: noise must not stall the growth
+                self.limit = max(self.limit * gradient, self.applied + 1.0)
+            else:  # half the cut a window asks: one window of noise is not a queue
+                self.limit *= 1 - SMOOTHING * (1 - gradient)
+        if drops:
+            self.limit *= spec.backoff
+        self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
+        if self.applied != before:
+            self._opened = now  # exchanges that started before measure another limit
+        self._at_min = self._at_min + 1 if self.applied == spec.min_limit else 0
+        stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
+        if stale or self.no_load is None:
+            self._start_probe(now)
+
+    def _start_probe(self, now: float, limit: float | None = None) -> None:
+        self._at_min = 0
+        self._probing = True
+        self._saved = self.limit
+        if limit is None:
+            limit = math.floor(self.limit * PROBE_FRACTION)
+        self.limit = max(float(self.spec.min_limit), limit)
+        self._opened = now
+
+    def _schedule_probe(self, now: float) -> None:
+        interval = self.spec.probe_interval
+        if interval is None:
+            self._next_probe = math.inf
+        else:
+            self._next_probe = now + interval * (1 + PROBE_JITTER * self._rng.random())
+
+
+class AIMD:
+    """Additive increase, multiplicative decrease on drops (see the module docstring)."""
+
+    __slots__ = ("_cut_at", "limit", "no_load", "spec")
+
+    def __init__(self, spec: AdaptiveLimit) -> None:
+        self.spec = spec
+        self.limit = float(spec.initial_limit)
+        self.no_load: float | None = None  # AIMD does not estimate it
+        self._cut_at = -math.inf
+
+    @property
+    def applied(self) -> int:
+        return min(self.spec.max_limit, max(self.spec.min_limit, int(self.limit)))
+
+    def update(
+        self, now: float, started: float, latency: float, dropped: bool, inflight: int
+    ) -> int:
+        spec = self.spec
+        if dropped:
+            if started >= self._cut_at:  # one cut per round trip
+                self.limit = max(float(spec.min_limit), self.limit * spec.backoff)
+                self._cut_at = now
+        elif inflight * 2 >= self.applied:
+            self.limit = min(float(spec.max_limit), self.limit + 1 / self.limit)
+        return self.applied
+
+
+def make_algorithm(spec: AdaptiveLimit, rng: random.Random | None = None) -> Gradient | AIMD:
+    """The algorithm ``spec`` names, in its initial state."""
+    return Gradient(spec, rng) if spec.algorithm == "gradient" else AIMD(spec)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def is_drop(exc: BaseException) -> bool:
+    """An exchange failure that means the dependency is overloaded: one of its timeouts
+    (``RequestTimeout`` is one); ``PoolTimeout`` (``AcquireTimeout``) is our own queue."""
+    return isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.PoolTimeout)
+
+
+class AdaptiveController:
+    """Feeds a compartment's algorithm and applies its limit to the compartment's limiter.
+
+    Args:
+        spec: the configuration.
+        set_limit: ``Limiter.set_limit`` of the compartment.
+        running: returns the slots in use now.
+        clock: the compartment's clock.
+        rng: for the probes' jitter.
+    """
+
+    __slots__ = ("_clock", "_running", "_set_limit", "algorithm", "drop_statuses", "history")
+
+    def __init__(
+        self,
+        spec: AdaptiveLimit,
+        set_limit: Callable[[int], None],
+        running: Callable[[], int],
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.algorithm = make_algorithm(spec, rng)
+        self.drop_statuses = spec.drop_statuses
+        self._set_limit = set_limit
+        self._running = running
+        self._clock = clock
+        limit = self.algorithm.applied
+        set_limit(limit)
+        #: ``(clock time, limit)`` at each change of the applied limit, the latest last.
+        self.history: deque[tuple[float, int]] = deque([(clock(), limit)], maxlen=HISTORY)
+
+    def ended(
+        self, started: float, head_latency: float, status: int, exc: BaseException | None
+    ) -> None:
+        """An exchange whose response head arrived has ended (``exc``: how, if cut)."""
+        dropped = status in self.drop_statuses or (exc is not None and is_drop(exc))
+        self._feed(started, head_latency, dropped)
+
+    def failed(self, started: float, exc: BaseException) -> None:
+        """An exchange failed before its response head: fed only if it is a drop."""
+        if is_drop(exc):
+            self._feed(started, self._clock() - started, True)
+
+    def _feed(self, started: float, latency: float, dropped: bool) -> None:
+        now = self._clock()
+        algorithm = self.algorithm
+        before = algorithm.applied
+        limit = algorithm.update(now, started, latency, dropped, self._running())
+        if limit != before:
+            self._set_limit(limit)
+            self.history.append((now, limit))

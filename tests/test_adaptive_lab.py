@@ -1,0 +1,33 @@
+"""The adaptive-concurrency lab (``python -m benchmarks.adaptive_lab``) at a tiny scale: it
+runs, every contestant is served and limited, and it writes its table and plot.  The lab's
+figures are benchmarks (README), not asserted here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import adaptive_lab
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+
+
+def test_the_lab_runs_at_a_tiny_scale(tmp_path: Path) -> None:
+    args = argparse.Namespace(phase_seconds=0.5, service_ms=20.0, rate=400.0, seed=1)
+    result = asyncio.run(adaptive_lab.run(args))
+    rows = {(r["phase"], r["contestant"]): r for r in result["rows"]}
+    assert len(rows) == 9
+    for name in ("static 64", "static 16", "adaptive"):
+        assert sum(rows[(phase, name)]["errors"] for phase in (1, 2, 3)) == 0
+        assert sum(rows[(phase, name)]["goodput"] for phase in (1, 2, 3)) > 0
+    assert {limit for _, limit in result["limits"]["static 16"]} == {16}
+    adaptive = [limit for _, limit in result["limits"]["adaptive"]]
+    assert adaptive and all(1 <= limit <= 200 for limit in adaptive)
+    text = adaptive_lab.markdown(result)
+    assert text.count("| adaptive |") == 3 and "phase 3 (N=24)" in text
+    adaptive_lab.plot(result, tmp_path / "lab.png")
+    assert (tmp_path / "lab.png").stat().st_size > 1000

@@ -1,0 +1,349 @@
+"""The adaptive-limit algorithms, without an event loop: fed samples and a clock.
+
+A modelled dependency stands in for the network: ``capacity`` workers and a queue, so a
+round of ``limit`` exchanges takes ``service * max(1, limit / capacity)`` seconds.  Each
+round, every slot starts an exchange at ``now`` and all end together (the limit is always
+used, as under load).  ``BULKHEAD_ADAPTIVE_EXAMPLES`` runs more Hypothesis examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from httpx_bulkhead import AdaptiveLimit, Policy
+from httpx_bulkhead._adaptive import (
+    AIMD,
+    HISTORY,
+    AdaptiveController,
+    Gradient,
+    is_drop,
+    make_algorithm,
+)
+
+EXAMPLES = int(os.environ.get("BULKHEAD_ADAPTIVE_EXAMPLES") or 40)
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None)
+
+
+def rounds(
+    algorithm: Gradient | AIMD,
+    latency: Callable[[float, int], float],
+    until: float,
+    now: float = 0.0,
+    dropped: Callable[[float, int], bool] = lambda now, limit: False,
+) -> tuple[float, list[int]]:
+    """Run saturated rounds until ``until``; returns the time and the limit after each."""
+    limits = []
+    while now < until:
+        limit = algorithm.applied
+        took = latency(now, limit)
+        started, now = now, now + took
+        for _ in range(limit):
+            algorithm.update(now, started, took, dropped(now, limit), limit)
+        limits.append(algorithm.applied)
+    return now, limits
+
+
+def queueing(service: float, capacity: Callable[[float], int]) -> Callable[[float, int], float]:
+    """A dependency of ``capacity(now)`` workers and a FIFO queue."""
+    return lambda now, limit: service * max(1.0, limit / capacity(now))
+
+
+def always(now: float, limit: int) -> bool:
+    return True
+
+
+@st.composite
+def specs(draw: st.DrawFn, algorithm: str = "gradient") -> AdaptiveLimit:
+    low = draw(st.integers(1, 20))
+    high = draw(st.integers(low, 400))
+    initial = draw(st.integers(low, high))
+    return AdaptiveLimit(
+        min_limit=low,
+        max_limit=high,
+        initial_limit=initial,
+        algorithm=algorithm,  # type: ignore[arg-type]
+        tolerance=draw(st.sampled_from([1.05, 1.15, 1.5, 2.0])),
+        backoff=draw(st.sampled_from([0.5, 0.9])),
+    )
+
+
+samples = st.lists(
+    st.tuples(
+        st.floats(0.0, 5.0),  # time step
+        st.floats(0.0, 3.0),  # how long ago it started
+        st.one_of(st.just(0.0), st.floats(1e-6, 10.0)),  # latency (0: a coarse clock)
+        st.booleans(),  # dropped
+        st.integers(0, 500),  # in flight
+    ),
+    max_size=300,
+)
+
+
+@SETTINGS
+@given(spec=st.one_of(specs("gradient"), specs("aimd")), feed=samples, seed=st.integers(0, 9))
+def test_the_limit_stays_within_its_bounds_whatever_it_is_fed(
+    spec: AdaptiveLimit, feed: list[tuple[float, float, float, bool, int]], seed: int
+) -> None:
+    algorithm = make_algorithm(spec, random.Random(seed))
+    now = 0.0
+    assert spec.min_limit <= algorithm.applied <= spec.max_limit
+    for step, ago, latency, dropped, inflight in feed:
+        now += step
+        limit = algorithm.update(now, now - ago, latency, dropped, inflight)
+        assert limit == algorithm.applied
+        assert spec.min_limit <= limit <= spec.max_limit
+        assert isinstance(limit, int)
+        assert algorithm.no_load is None or algorithm.no_load > 0
+
+
+@SETTINGS
+@given(service=st.floats(0.001, 2.0), capacity=st.integers(2, 60), initial=st.integers(1, 100))
+def test_gradient_settles_near_the_capacity_of_a_queueing_dependency(
+    service: float, capacity: int, initial: int
+) -> None:
+    """The limit ends between the capacity (no slot wasted) and tolerance x capacity
+    (plus one for the rounding), and stays there."""
+    spec = AdaptiveLimit(initial_limit=initial, probe_interval=None)
+    algorithm = Gradient(spec, random.Random(0))
+    _, trace = rounds(algorithm, queueing(service, lambda now: capacity), 1000 * service)
+    settled = trace[-20:]
+    assert min(settled) >= math.floor(capacity * 0.9), trace
+    assert max(settled) <= math.ceil(capacity * spec.tolerance * 1.15) + 1, trace
+    assert algorithm.no_load == pytest.approx(service)
+
+
+@SETTINGS
+@given(service=st.floats(0.001, 2.0), spec=specs("gradient"))
+def test_gradient_under_constant_latency_converges_to_its_maximum(
+    service: float, spec: AdaptiveLimit
+) -> None:
+    """Latency that never rises with the limit is no reason to cut: the limit climbs to
+    ``max_limit`` and stays (without periodic probes, which last one window)."""
+    algorithm = Gradient(dataclasses.replace(spec, probe_interval=None), random.Random(1))
+    _, trace = rounds(algorithm, lambda now, limit: service, 120 * service)
+    assert trace[-1] == spec.max_limit
+    assert trace[-5:] == [spec.max_limit] * 5
+
+
+@SETTINGS
+@given(
+    service=st.floats(0.001, 1.0),
+    growth=st.floats(1.3, 3.0),
+    capacity=st.integers(4, 60),
+)
+def test_gradient_falls_when_the_latency_rises(
+    service: float, growth: float, capacity: int
+) -> None:
+    """The dependency slows down (its no-load latency grows ``growth`` times and stays
+    there): the limit falls, to at most the capacity the new latency implies; then a probe
+    finds the new no-load latency and the limit returns near the capacity."""
+    spec = AdaptiveLimit(initial_limit=capacity, probe_interval=None)
+    algorithm = Gradient(spec, random.Random(2))
+    model = queueing(service, lambda now: capacity)
+    now, before = rounds(algorithm, model, 100 * service)
+    high = before[-1]
+    slow = queueing(service * growth, lambda now: capacity)
+    # While the old no-load estimate holds, a slower dependency reads as a queue.
+    lowest = min(rounds(algorithm, slow, now + 20 * service * growth, now)[1])
+    assert lowest < high
+    assert lowest <= max(spec.min_limit, math.ceil(high * spec.tolerance / growth))
+
+
+def test_gradient_follows_a_capacity_that_falls_and_rises() -> None:
+    """16 -> 4 -> 24 workers, as in the lab: the limit is within 25% of the capacity
+    within 5 s of each change (100 ms service time)."""
+    phases = [(0.0, 16), (30.0, 4), (60.0, 24)]
+
+    def capacity(now: float) -> int:
+        return [n for start, n in phases if now >= start][-1]
+
+    algorithm = Gradient(AdaptiveLimit(), random.Random(3))
+    model = queueing(0.1, capacity)
+    now, changes = 0.0, []
+    while now < 90.0:
+        now, trace = rounds(algorithm, model, now + 0.0001, now)
+        changes.append((now, trace[-1]))
+    for start, n in phases:
+        after = [limit for t, limit in changes if start + 5 <= t < start + 30]
+        assert after and all(abs(limit - n) <= 0.25 * n for limit in after), (n, after)
+
+
+def test_a_probe_restores_the_limit_and_remeasures() -> None:
+    spec = AdaptiveLimit(initial_limit=40, probe_interval=10.0)
+    algorithm = Gradient(spec, random.Random(4))
+    assert algorithm.applied == 1  # the first probe: at the minimum
+    now, _ = rounds(algorithm, lambda now, limit: 0.05, 1.0)
+    assert algorithm.no_load == pytest.approx(0.05)
+    assert algorithm.applied >= 40
+    _, trace = rounds(algorithm, lambda now, limit: 0.08, now + 12.0, now)
+    # After the interval, a probe at a quarter of the limit re-measured the latency.
+    assert algorithm.no_load == pytest.approx(0.08)
+    assert min(trace) <= max(trace) // 4 + 1
+
+
+def test_a_long_stay_at_the_minimum_starts_a_probe() -> None:
+    spec = AdaptiveLimit(min_limit=2, initial_limit=8, probe_interval=None)
+    algorithm = Gradient(spec, random.Random(5))
+    now, _ = rounds(algorithm, lambda now, limit: 0.01, 1.0)
+    # Ten times slower for good: the limit hits the floor, then a probe at the floor
+    # measures the new latency and the limit grows again.
+    now, trace = rounds(algorithm, lambda now, limit: 0.1, now + 30.0, now)
+    assert 2 in trace
+    assert algorithm.no_load == pytest.approx(0.1)
+    assert trace[-1] == spec.max_limit
+
+
+def test_the_gradient_does_not_grow_a_limit_the_traffic_does_not_use() -> None:
+    algorithm = Gradient(AdaptiveLimit(initial_limit=20), random.Random(6))
+    now = 0.0
+    for _ in range(400):
+        now += 0.01
+        algorithm.update(now, now - 0.01, 0.01, False, 3)  # 3 in flight of 20
+    assert algorithm.applied == 20
+
+
+def test_no_growth_without_use_even_with_a_little_latency_above_no_load() -> None:
+    """Latency a little above the no-load latency but within the tolerance (1.07x: no
+    queue to speak of, no cut either) with 3 of 20 slots in use: no evidence to grow."""
+    algorithm = Gradient(AdaptiveLimit(initial_limit=20), random.Random(6))
+    now, _ = rounds(algorithm, lambda now, limit: 0.01, 0.035)  # the probe: no_load 0.01
+    assert algorithm.no_load == pytest.approx(0.01) and algorithm.applied == 20
+    for _ in range(400):
+        now += 0.0107
+        algorithm.update(now, now - 0.0107, 0.0107, False, 3)
+    assert algorithm.applied == 20
+
+
+def test_the_gradient_cuts_on_drops() -> None:
+    algorithm = Gradient(AdaptiveLimit(initial_limit=20, backoff=0.5), random.Random(7))
+    now, _ = rounds(algorithm, lambda now, limit: 0.01, 0.2)
+    before = algorithm.applied
+    rounds(algorithm, lambda now, limit: 0.01, now + 0.05, now, dropped=always)
+    assert algorithm.applied < before
+
+
+@SETTINGS
+@given(spec=specs("aimd"), drops=st.integers(1, 30))
+def test_aimd_backs_off_on_drops_and_recovers(spec: AdaptiveLimit, drops: int) -> None:
+    algorithm = AIMD(spec)
+    now, _ = rounds(algorithm, lambda now, limit: 0.1, 10.0)
+    top = algorithm.applied
+    assert top == spec.max_limit or top >= spec.initial_limit
+    cut_from = algorithm.limit
+    # A round in which every exchange dropped cuts once (the round trip's), not per drop.
+    now, trace = rounds(algorithm, lambda now, limit: 0.1, now + 0.1, now, always)
+    assert algorithm.limit == pytest.approx(max(spec.min_limit, cut_from * spec.backoff))
+    # Drops on and on: down to the floor.
+    now, trace = rounds(algorithm, lambda now, limit: 0.1, now + 0.1 * drops, now, always)
+    assert trace == sorted(trace, reverse=True)
+    if drops >= 30:
+        assert trace[-1] <= max(spec.min_limit, math.ceil(top * spec.backoff**20))
+    # Drops stop: it recovers, one slot per round trip.
+    _, trace = rounds(algorithm, lambda now, limit: 0.1, now + 0.1 * (top + 5), now)
+    assert trace[-1] >= min(top, spec.max_limit) - 1
+
+
+def test_aimd_ignores_drops_of_exchanges_older_than_its_last_cut() -> None:
+    algorithm = AIMD(AdaptiveLimit(initial_limit=50, algorithm="aimd", backoff=0.5))
+    algorithm.update(1.0, 0.5, 0.5, True, 50)
+    assert algorithm.applied == 25
+    algorithm.update(1.1, 0.6, 0.5, True, 50)  # started before the cut: the same overload
+    assert algorithm.applied == 25
+    algorithm.update(2.0, 1.5, 0.5, True, 25)
+    assert algorithm.applied == 12
+
+
+def test_the_controller_applies_changes_and_keeps_a_bounded_history() -> None:
+    applied: list[int] = []
+    now = [0.0]
+    controller = AdaptiveController(
+        AdaptiveLimit(algorithm="aimd", initial_limit=5, drop_statuses=frozenset({503})),
+        applied.append,
+        lambda: 1000,
+        lambda: now[0],
+    )
+    assert applied == [5] and list(controller.history) == [(0.0, 5)]
+    for i in range(20000):
+        now[0] += 0.001
+        controller.ended(now[0] - 0.001, 0.001, 503 if i % 40 == 39 else 200, None)
+    assert applied[-1] == controller.algorithm.applied
+    assert len(applied) > HISTORY + 1
+    assert len(controller.history) == HISTORY
+    last_time, last_limit = controller.history[-1]
+    assert last_limit == applied[-1] and last_time <= now[0]
+    times = [t for t, _ in controller.history]
+    assert times == sorted(times)
+
+
+def test_what_counts_as_a_drop() -> None:
+    import httpx
+
+    from httpx_bulkhead import AcquireTimeout, RequestTimeout
+
+    request = httpx.Request("GET", "http://127.0.0.1/")
+    assert is_drop(RequestTimeout("t", request=request))
+    assert is_drop(httpx.ReadTimeout("t", request=request))
+    assert is_drop(httpx.ConnectTimeout("t", request=request))
+    assert not is_drop(AcquireTimeout("t", request=request))  # our own queue
+    assert not is_drop(httpx.ConnectError("refused", request=request))
+    fed: list[int] = []
+    controller = AdaptiveController(
+        AdaptiveLimit(algorithm="aimd", initial_limit=10, drop_statuses=frozenset({503})),
+        fed.append,
+        lambda: 10,
+        lambda: 1.0,
+    )
+    controller.ended(0.5, 0.1, 503, None)
+    assert fed[-1] == 9  # 10 * 0.9
+    controller.failed(0.9, httpx.ConnectError("refused", request=request))
+    controller.ended(0.9, 0.1, 429, None)  # not opted in: a success
+    assert fed[-1] == 9
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"min_limit": 0}, ValueError, r"AdaptiveLimit\.min_limit must be >= 1, got 0"),
+        ({"min_limit": 1.5}, TypeError, r"AdaptiveLimit\.min_limit must be an int, got 1\.5"),
+        ({"min_limit": True}, TypeError, r"AdaptiveLimit\.min_limit must be an int"),
+        ({"min_limit": 5, "max_limit": 4}, ValueError, r"max_limit must be >= 5, got 4"),
+        ({"initial_limit": 300}, ValueError, r"initial_limit must be <= max_limit=200, got 300"),
+        ({"min_limit": 5, "initial_limit": 2}, ValueError, r"initial_limit must be >= 5, got 2"),
+        ({"algorithm": "vegas"}, ValueError, r"algorithm must be 'gradient' or 'aimd'"),
+        ({"tolerance": 1.0}, ValueError, r"tolerance must be in \(1, 3\], got 1\.0"),
+        ({"tolerance": math.nan}, ValueError, r"tolerance must be in"),
+        ({"tolerance": "1.2"}, TypeError, r"tolerance must be a number, got '1\.2'"),
+        ({"probe_interval": 0}, ValueError, r"probe_interval must be in \(0, inf\], got 0"),
+        ({"backoff": 1}, ValueError, r"backoff must be < 1, got 1"),
+        ({"backoff": 0}, ValueError, r"backoff must be in \(0, 1\], got 0"),
+        ({"drop_statuses": 503}, TypeError, r"drop_statuses must be a set of status codes"),
+        ({"drop_statuses": {"503"}}, ValueError, r"must hold status codes, got '503'"),
+        ({"drop_statuses": {99}}, ValueError, r"must hold status codes, got 99"),
+    ],
+)
+def test_adaptive_limit_validation_names_the_field_and_value(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        AdaptiveLimit(**kwargs)  # type: ignore[arg-type]
+
+
+def test_policy_takes_an_adaptive_limit() -> None:
+    adaptive = AdaptiveLimit(min_limit=2, max_limit=50, initial_limit=8)
+    policy = Policy(max_concurrency=adaptive)
+    assert policy.initial_limit == 8
+    # HTTP/1.1 needs a connection per request in flight: up to the most the limit allows.
+    assert policy.connection_limit == 50 and policy.idle_limit == 50
+    assert Policy(max_concurrency=adaptive, max_connections=10).connection_limit == 10
+    assert hash(policy) == hash(Policy(max_concurrency=AdaptiveLimit(2, 50, 8)))
+    assert AdaptiveLimit(drop_statuses={503, 429}).drop_statuses == frozenset({429, 503})
+    with pytest.raises(TypeError, match=r"Policy\.max_concurrency must be an int or an Adapt"):
+        Policy(max_concurrency="adaptive")  # type: ignore[arg-type]
