@@ -145,9 +145,7 @@ def test_every_statistics_field_is_documented_in_the_readme() -> None:
     fields = {f.name for f in dataclasses.fields(CompartmentStats)}
     # name, max_pending and waiting_for_connection are not listed there (yet): see below.
     undocumented = fields - documented
-    # proxied_connections (issue 12): its README text is in the proxy branch's report, for
-    # the integrator to add with the Proxies section (then drop it from this set).
-    exempt = {"name", "max_pending", "waiting_for_connection", "proxied_connections"}
+    exempt = {"name", "max_pending", "waiting_for_connection"}
     assert undocumented <= exempt, undocumented
     assert {"stream_waits", "http2_connections", "wait_p50", "wait_p99"} <= documented
 
