@@ -3,9 +3,9 @@
     python -m benchmarks.exporters                 # 24 rounds of 2000 requests
     python -m benchmarks.exporters --rounds 48 --json benchmarks/exporters.json
 
-Four ``BulkheadTransport``s in one process, each driven at the transport level
+Five ``BulkheadTransport``s in one process, each driven at the transport level
 (``handle_async_request``, body read, response closed) against the Node.js server
-(``server.js``, pinned to the other core) on four origins, so four compartments:
+(``server.js``, pinned to the other core) on four origins (four compartments each):
 
 * ``bare``: nothing attached (and ``control``, a second one: the A/A ratio
   ``control / bare`` shows the noise of the run);
@@ -15,7 +15,11 @@ Four ``BulkheadTransport``s in one process, each driven at the transport level
   request records its queue time in both, every closed connection its duration;
 * ``pulled``: the same exporters with ``histograms=False`` (observable instruments and
   the collector only: nothing on the request path), so ``exported / pulled`` is the cost
-  of the histograms alone.
+  of the histograms alone;
+* ``defaults``: each exporter as a user gets it without arguments
+  (``otel.instrument(transport, provider)``: no histograms, the SDK's ``record`` costs
+  10-30 us; ``BulkheadCollector(transport)``: its histograms on): the promise of issue 14,
+  within 5% of ``bare``.
 
 While an exported batch runs, a scraper thread collects its exporters (the OTel reader
 and ``generate_latest``) once a second of its running time, as a Prometheus server and an
@@ -100,12 +104,18 @@ class Scraper:
 class Exported:
     """A transport with both exporters attached, and how to scrape them."""
 
-    def __init__(self, name: str, urls: list[str], histograms: bool) -> None:
+    def __init__(
+        self, name: str, urls: list[str], histograms: bool, otel_histograms: bool | None = None
+    ) -> None:
         self.transport: BulkheadTransport = h.bulkhead_transport(CONCURRENCY)
         self.driver = h.TransportDriver(name, self.transport, urls)
         self.reader = InMemoryMetricReader()
         self.provider = MeterProvider(metric_readers=[self.reader])
-        self.instrumentation = otel.instrument(self.transport, self.provider, histograms=histograms)
+        if otel_histograms is None:
+            otel_histograms = histograms
+        self.instrumentation = otel.instrument(
+            self.transport, self.provider, histograms=otel_histograms
+        )
         self.registry = CollectorRegistry()
         self.collector = BulkheadCollector(self.transport, histograms=histograms)
         self.registry.register(self.collector)
@@ -130,12 +140,13 @@ async def run(rounds: int, requests: int, warmup: int) -> dict[str, Any]:
         control = h.TransportDriver("control", h.bulkhead_transport(CONCURRENCY), urls)
         exported = Exported("exported", urls, histograms=True)
         pulled = Exported("pulled", urls, histograms=False)
+        defaults = Exported("defaults", urls, histograms=True, otel_histograms=False)
         scraping: list[Exported] = []  # the exporters the scraper collects now
 
         scraper = Scraper(lambda: scraping[0].scrape() if scraping else None)
         try:
-            drivers = [bare, control, exported.driver, pulled.driver]
-            attached = {exported.driver: exported, pulled.driver: pulled}
+            drivers = [bare, control, exported.driver, pulled.driver, defaults.driver]
+            attached = {exported.driver: exported, pulled.driver: pulled, defaults.driver: defaults}
             for driver in drivers:
                 await h.run_batch(driver, warmup, CONCURRENCY)
             samples: dict[str, list[h.Sample]] = {d.name: [] for d in drivers}
@@ -156,16 +167,20 @@ async def run(rounds: int, requests: int, warmup: int) -> dict[str, Any]:
             scraper.close()
             exported.close()
             pulled.close()
+            defaults.close()
             await bare.aclose()
             await control.aclose()
             await exported.driver.aclose()
             await pulled.driver.aclose()
+            await defaults.driver.aclose()
 
     def ratios(name: str, against: str = "bare") -> list[float]:
         pairs = zip(samples[name], samples[against], strict=True)
         return [s.cpu_us / b.cpu_us for s, b in pairs]
 
-    exported_seconds = sum(s.wall for s in samples["exported"] + samples["pulled"])
+    exported_seconds = sum(
+        s.wall for s in samples["exported"] + samples["pulled"] + samples["defaults"]
+    )
     return {
         "rounds": rounds,
         "requests_per_batch": requests,
@@ -177,6 +192,8 @@ async def run(rounds: int, requests: int, warmup: int) -> dict[str, Any]:
         "cpu_ratio": statistics.median(ratios("exported")),
         "cpu_ratio_range": [min(ratios("exported")), max(ratios("exported"))],
         "pulled_ratio": statistics.median(ratios("pulled")),
+        "defaults_ratio": statistics.median(ratios("defaults")),
+        "defaults_ratio_range": [min(ratios("defaults")), max(ratios("defaults"))],
         "histograms_ratio": statistics.median(ratios("exported", "pulled")),
         "control_ratio": statistics.median(ratios("control")),
         "control_ratio_range": [min(ratios("control")), max(ratios("control"))],
