@@ -405,6 +405,10 @@ async def reaches(
         raise AssertionError(f"{compartment} {field} never reached {value}: {stats}") from None
 
 
+#: Numbers the scenarios' gates: the app keeps a gate (opened) under its name for good.
+_SCENARIOS = itertools.count()
+
+
 async def scenario(
     app: TestApp,
     server: HypercornServer,
@@ -414,7 +418,7 @@ async def scenario(
     """Drive every figure; ``attach(transport)`` before the first request, then
     ``check(transport, at_rest)`` at the saturated moment and at rest."""
     tls = default_server_tls()
-    gate = app.gate(f"exporters-{id(check)}")
+    gate = app.gate(f"exporters-{next(_SCENARIOS)}")  # (not id(check): ids are reused)
     h1 = f"127.0.0.1:{server.port}"
     with (
         HypercornServer(app, tls=tls, h2_max_concurrent_streams=3) as h2srv,
