@@ -22,12 +22,18 @@ from ._exceptions import (
     TransportClosed,
 )
 from ._stats import CompartmentStats, ExchangeInfo
+from ._sync_transport import BulkheadHTTPTransport
 from ._transport import BulkheadTransport
+
+#: The async transport, named as httpx's ``AsyncHTTPTransport`` is (``BulkheadTransport``).
+AsyncBulkheadHTTPTransport = BulkheadTransport
 
 __all__ = [
     "AcquireTimeout",
+    "AsyncBulkheadHTTPTransport",
     "BulkheadError",
     "BulkheadFull",
+    "BulkheadHTTPTransport",
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",
