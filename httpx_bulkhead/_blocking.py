@@ -1,7 +1,8 @@
 """Blocking sockets for the sync shell: the counterpart of ``_streams.py`` and ``_network.py``.
 
-``SocketStream`` is the sync ``NetStream``: a socket in timeout mode (never switched to
-blocking mode, so that two threads, an HTTP/2 reader and a writer, may use it at once),
+``SocketStream`` is the sync ``NetStream``: a non-blocking socket, each call waiting with
+its own ``poll`` and deadline (not the socket's timeout, which is one per socket: an
+HTTP/2 reader and a writer use it at once, each with its own timeout),
 with TLS by our own ``TLSEngine`` (``_tls.py``) as in the async streams, so
 ``is_readable`` sees every unread byte the peer sent, wherever it waits.  Every socket call
 is made through ``_threads.blocking``: with the loop lock released, bounded by the
@@ -48,8 +49,10 @@ __all__ = [
 
 TraceFn = Any  # Callable[[str, dict[str, Any]], None]: a sync trace callback
 
-_TLS_READ = 65536
 _RECV = 65536
+#: The connect timeout for "no limit" (``create_connection`` needs a number to stay out
+#: of blocking mode).
+_FOREVER = 7 * 24 * 3600.0
 
 
 class NetStream(Protocol):
@@ -75,6 +78,7 @@ class SocketStream:
     __slots__ = ("_closed", "_send_lock", "_sock", "_tls")
 
     def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
         self._sock = sock
         self._tls: TLSEngine | None = None
         self._send_lock = threading.Lock()
@@ -94,15 +98,32 @@ class SocketStream:
                 tls.feed_eof()  # the next handshake step raises
         self._send_raw(tls.outgoing(), _left(deadline))
 
-    def _recv(self, limit: float | None) -> bytes:
+    def _recv(self, limit: float | None, max_bytes: int = _RECV) -> bytes:
         sock = self._sock
-        sock.settimeout(limit)
-        return sock.recv(_RECV)
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            try:
+                return sock.recv(max_bytes)
+            except BlockingIOError:
+                self._poll(select.POLLIN, deadline)
+
+    def _poll(self, events: int, deadline: float | None) -> None:
+        """Wait until the socket is ready for ``events``; ``TimeoutError`` at ``deadline``."""
+        wait = -1.0 if deadline is None else (deadline - time.monotonic()) * 1000
+        if deadline is not None and wait <= 0:
+            raise TimeoutError
+        fd = self._sock.fileno()
+        if fd < 0:
+            raise ConnectionAbortedError("the connection was closed")
+        poller = select.poll()
+        poller.register(fd, events)
+        if not poller.poll(wait):
+            raise TimeoutError
 
     def receive(self, max_bytes: int, timeout: float | None) -> bytes:
         tls = self._tls
         if tls is None:
-            return blocking(lambda limit: self._recv_plain(max_bytes, limit), timeout)
+            return blocking(lambda limit: self._recv(limit, max_bytes), timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             data = tls.read_available(max_bytes)
@@ -118,11 +139,6 @@ class SocketStream:
                 tls.feed_eof()
                 return tls.read(max_bytes) or b""
 
-    def _recv_plain(self, max_bytes: int, limit: float | None) -> bytes:
-        sock = self._sock
-        sock.settimeout(limit)
-        return sock.recv(max_bytes)
-
     def send(self, data: bytes, timeout: float | None) -> None:
         if self._tls is None:
             self._send_raw(data, timeout)
@@ -135,8 +151,13 @@ class SocketStream:
 
     def _sendall(self, data: bytes, limit: float | None) -> None:
         sock = self._sock
-        sock.settimeout(limit)
-        sock.sendall(data)
+        deadline = None if limit is None else time.monotonic() + limit
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                self._poll(select.POLLOUT, deadline)
 
     def _send_tls(self, data: bytes, timeout: float | None, pending: bytes) -> None:
         """Encrypt ``data`` and send it after ``pending`` (already encrypted), in order."""
@@ -335,14 +356,15 @@ class Connector:
         if config.uds is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.settimeout(limit)
+                sock.settimeout(_FOREVER if limit is None else limit)
                 sock.connect(config.uds)
             except BaseException:
                 sock.close()
                 raise
         else:
             local = None if config.local_address is None else (config.local_address, 0)
-            sock = socket.create_connection((host, port), limit, source_address=local)
+            wait = _FOREVER if limit is None else limit
+            sock = socket.create_connection((host, port), wait, source_address=local)
         try:
             config._apply_socket_options(sock)
         except BaseException:

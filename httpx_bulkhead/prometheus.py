@@ -37,13 +37,15 @@ from prometheus_client.registry import Collector
 
 from ._metrics import FIGURES, Figure, Kind
 from ._stats import EVICTED, CompartmentStats
+from ._sync_transport import BulkheadHTTPTransport
 from ._transport import BulkheadTransport
 
 __all__ = ["BulkheadCollector"]
 
 
 class BulkheadCollector(Collector):
-    """A ``prometheus_client`` collector for one ``BulkheadTransport``.
+    """A ``prometheus_client`` collector for one ``BulkheadTransport`` (or
+    ``BulkheadHTTPTransport``).
 
     One collector per registry: its metric names are fixed, so a registry refuses a
     second one (``ValueError``).  The collector holds the transport until it is
@@ -56,8 +58,8 @@ class BulkheadCollector(Collector):
         TypeError: ``transport`` is not a ``BulkheadTransport``.
     """
 
-    def __init__(self, transport: BulkheadTransport) -> None:
-        if not isinstance(transport, BulkheadTransport):
+    def __init__(self, transport: BulkheadTransport | BulkheadHTTPTransport) -> None:
+        if not isinstance(transport, BulkheadTransport | BulkheadHTTPTransport):
             raise TypeError(
                 f"transport must be a BulkheadTransport, got {type(transport).__name__}"
             )
