@@ -390,7 +390,9 @@ class Timers:
 
     def __init__(self) -> None:
         self.lock = LoopLock()
-        self._cond = threading.Condition(threading.Lock())  # guards the fields below only
+        # Guards the fields below only.  Re-entrant: the garbage collector may run a
+        # response's ``__del__`` (which calls ``call_soon_threadsafe``) inside a block.
+        self._cond = threading.Condition(threading.RLock())
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._ready: deque[TimerHandle] = deque()
         self._seq = itertools.count()
