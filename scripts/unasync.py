@@ -29,6 +29,7 @@ compares, byte for byte, and also reports files in ``_sync/`` that no module gen
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import re
 import sys
@@ -54,6 +55,11 @@ MODULES = (
 )
 #: Async modules whose sync counterpart is hand-written (the I/O is what differs).
 COUNTERPARTS = {"_network": "_blocking", "_streams": "_blocking", "_timers": "_threads"}
+#: Async-only modules with no sync counterpart (the Redis fleet limit is asyncio only): a
+#: generated module importing one stops the generator (put the code that needs it between
+#: ``# unasync: skip`` and ``# unasync: end``; ``BulkheadHTTPTransport`` refuses the
+#: settings that would reach it, see ``_sync_transport.ASYNC_ONLY_FIELDS``).
+ASYNC_ONLY = frozenset({"_fleet", "_fleet_config", "_fleet_lua", "fleet"})
 
 #: (pattern, replacement), applied in order to every line.
 SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
@@ -117,6 +123,8 @@ def _import(line: str) -> str:
     if match is None:
         return line
     indent, module = match.groups()
+    if module in ASYNC_ONLY:
+        raise UnasyncError(f"imports the async-only module {module} (see ASYNC_ONLY): {line!r}")
     target = f".{module}" if module in MODULES else f"..{COUNTERPARTS.get(module, module)}"
     return f"{indent}from {target} import{line[match.end() :]}"
 
@@ -163,6 +171,20 @@ def convert(name: str, source: str) -> str:
     return text
 
 
+def _threads_names() -> frozenset[str]:
+    """``httpx_bulkhead/_threads.py``'s ``__all__`` (read, not imported)."""
+    tree = ast.parse((PACKAGE / "_threads.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return frozenset(ast.literal_eval(node.value))
+    raise UnasyncError("httpx_bulkhead/_threads.py has no __all__")  # pragma: no cover
+
+
+_THREADS_USE = re.compile(r"\b_threads\.(\w+)")
+
+
 def _check_tokens(name: str, text: str) -> None:
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
@@ -172,6 +194,14 @@ def _check_tokens(name: str, text: str) -> None:
         f"_sync/{name}.py:{tok.start[0]}: {tok.string!r} (from {name}.py)"
         for tok in tokens
         if tok.type == tokenize.NAME and _FORBIDDEN_NAMES.match(tok.string)
+    ]
+    known = _threads_names()
+    left += [
+        f"_sync/{name}.py:{number}: _threads.{use} (anyio.{use} has no thread version in"
+        " _threads.py)"
+        for number, line in enumerate(text.splitlines(), 1)
+        for use in _THREADS_USE.findall(line)
+        if use not in known
     ]
     if left:
         raise UnasyncError(

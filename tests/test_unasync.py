@@ -81,3 +81,15 @@ def test_async_code_without_a_rule_stops_the_generator(line: str) -> None:
 
 def test_strings_and_comments_are_not_checked() -> None:
     unasync.convert("_x", 'x = "asyncio"  # trio\n')
+
+
+def test_an_anyio_name_without_a_thread_version_stops_the_generator() -> None:
+    with pytest.raises(unasync.UnasyncError, match=r"_threads\.create_task_group"):
+        unasync.convert(
+            "_x", "import anyio\nasync def f() -> None:\n    anyio.create_task_group()\n"
+        )
+
+
+def test_an_async_only_module_stops_the_generator() -> None:
+    with pytest.raises(unasync.UnasyncError, match="async-only module _fleet"):
+        unasync.convert("_x", "from ._fleet import FleetLimit\n")
