@@ -5,6 +5,7 @@ with no traffic (the timer thread, gone after ``close()``), a response dropped u
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import threading
@@ -78,6 +79,40 @@ def test_sixty_four_waiting_threads_are_served_in_arrival_order(
         assert (stats.completed, stats.running, stats.waiting) == (THREADS + 1, 0, 0)
 
 
+@contextlib.contextmanager
+def ctrl_c_when(ready: Callable[[], bool]) -> Iterator[None]:
+    """Ctrl-C for the main thread once ``ready()`` holds: SIGINT, sent again every 50 ms
+    until one raises ``KeyboardInterrupt`` (once: later ones are ignored).  A SIGINT that
+    lands just before the main thread blocks on a lock is seen by CPython only when the
+    lock is acquired (its wake-up is lost), so one signal cannot be relied on to
+    interrupt the wait; a second Ctrl-C, as a user would press, does."""
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    raised = threading.Event()
+    done = threading.Event()
+
+    def once(signum: int, frame: object) -> None:
+        if not raised.is_set():
+            raised.set()
+            raise KeyboardInterrupt
+
+    def interrupt() -> None:
+        wait_for(ready)
+        while not (raised.is_set() or done.is_set()):
+            signal.pthread_kill(main, signal.SIGINT)
+            raised.wait(0.05)
+
+    previous = signal.signal(signal.SIGINT, once)
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(WAIT)
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_keyboard_interrupt_while_waiting_leaves_the_queue_and_keeps_no_slot(
     stats_of: Callable[[BulkheadHTTPTransport], CompartmentStats],
 ) -> None:
@@ -90,18 +125,9 @@ def test_keyboard_interrupt_while_waiting_leaves_the_queue_and_keeps_no_slot(
             holder = threading.Thread(target=client.get, args=(f"{srv.url}/hold",))
             holder.start()
             srv.wait_event_sync("held")
-            main = threading.main_thread().ident
-            assert main is not None
-
-            def interrupt() -> None:
-                wait_for(lambda: stats_of(transport).waiting == 1)
-                signal.pthread_kill(main, signal.SIGINT)
-
-            interrupter = threading.Thread(target=interrupt)
-            interrupter.start()
-            with pytest.raises(KeyboardInterrupt):
-                client.get(f"{srv.url}/waiting")
-            interrupter.join(WAIT)
+            with ctrl_c_when(lambda: stats_of(transport).waiting == 1):
+                with pytest.raises(KeyboardInterrupt):
+                    client.get(f"{srv.url}/waiting")
             stats = stats_of(transport)
             assert (stats.waiting, stats.cancelled_waiting, stats.running) == (0, 1, 1)
             srv.event("release").set()
@@ -109,6 +135,31 @@ def test_keyboard_interrupt_while_waiting_leaves_the_queue_and_keeps_no_slot(
             assert client.get(f"{srv.url}/next").status_code == 200
         stats = stats_of(transport)
         assert (stats.acquired, stats.completed, stats.running) == (2, 2, 0)
+        assert [request_path(r) for r in srv.requests] == [b"/hold", b"/next"]
+
+
+def test_keyboard_interrupt_while_waiting_for_a_connection_returns_slot_and_place(
+    stats_of: Callable[[BulkheadHTTPTransport], CompartmentStats],
+) -> None:
+    """The same while the main thread holds a slot and waits for the only connection: it
+    leaves the connection queue and gives its slot back (counted cancelled)."""
+    assert threading.current_thread() is threading.main_thread()
+    with RawServer(hold_on_request) as srv:
+        transport = BulkheadHTTPTransport(default=Policy(max_concurrency=2, max_connections=1))
+        with httpx.Client(transport=transport, timeout=httpx.Timeout(30, pool=None)) as client:
+            holder = threading.Thread(target=client.get, args=(f"{srv.url}/hold",))
+            holder.start()
+            srv.wait_event_sync("held")
+            with ctrl_c_when(lambda: stats_of(transport).waiting_for_connection == 1):
+                with pytest.raises(KeyboardInterrupt):
+                    client.get(f"{srv.url}/waiting")
+            stats = stats_of(transport)
+            assert (stats.waiting_for_connection, stats.running, stats.cancelled) == (0, 1, 1)
+            srv.event("release").set()
+            holder.join(WAIT)
+            assert client.get(f"{srv.url}/next").extensions["bulkhead"].reused
+        stats = stats_of(transport)
+        assert (stats.completed, stats.running, stats.connections_created) == (2, 0, 1)
         assert [request_path(r) for r in srv.requests] == [b"/hold", b"/next"]
 
 
