@@ -25,13 +25,19 @@ from ._exceptions import (
 )
 from ._fleet_config import RedisFleetLimit
 from ._stats import CompartmentStats, ExchangeInfo
+from ._sync_transport import BulkheadHTTPTransport
 from ._transport import BulkheadTransport
+
+#: The async transport, named as httpx's ``AsyncHTTPTransport`` is (``BulkheadTransport``).
+AsyncBulkheadHTTPTransport = BulkheadTransport
 
 __all__ = [
     "AcquireTimeout",
     "AdaptiveLimit",
+    "AsyncBulkheadHTTPTransport",
     "BulkheadError",
     "BulkheadFull",
+    "BulkheadHTTPTransport",
     "BulkheadTransport",
     "CompartmentStats",
     "ExchangeInfo",

@@ -43,8 +43,12 @@ from ._exchange import (
     Timeouts,
     went_stale,
 )
+
+# unasync: skip
 from ._fleet import FleetLimiter
 from ._fleet_slots import FleetSlots
+
+# unasync: end
 from ._leaks import LeakDetector, LeakWatch
 from ._log import log_debug
 from ._network import Network
@@ -94,10 +98,13 @@ class Compartment:
         self.retired = False
         self.slots = Slots(name, policy, clock)
         #: The fleet limit's process side (``Policy.fleet``), or ``None``.
+        # unasync: skip
         self.fleet: FleetLimiter | None = None
         if policy.fleet is not None:
             self.slots = fleet_slots = FleetSlots(name, policy, clock, timers)
             self.fleet = fleet_slots.fleet
+        # unasync: end
+        # unasync: use self.fleet = None  # (asyncio only: _sync_transport.ASYNC_ONLY_FIELDS)
         self.connections = Connections(
             name, policy, connector, versions, timers=timers, clock=clock, rng=rng
         )
@@ -309,16 +316,20 @@ class Compartment:
         self.retired = True
         self.slots.limiter.close()
         closing = self.connections.retire()
-        if self.fleet is None:
-            return closing
-        return _then_close(closing, self.fleet)
+        # unasync: skip
+        if self.fleet is not None:
+            return _then_close(closing, self.fleet)
+        # unasync: end
+        return closing
 
     async def aclose(self) -> None:
         """Wake every waiter with ``TransportClosed`` and close every connection."""
         self.slots.limiter.close()
         await self.connections.aclose()
+        # unasync: skip
         if self.fleet is not None:
             await self.fleet.aclose()  # its renewal and listener, before the transport's timers
+        # unasync: end
 
     def statistics(self) -> CompartmentStats:
         adaptive: dict[str, Any] = {}
@@ -333,15 +344,22 @@ class Compartment:
             replays=self.replays,
             leaked_responses=self.leaked,
             slot_leaks=0 if self._leaks is None else self._leaks.detected,
+            # unasync: skip
             **fleet_fields(None if self.fleet is None else self.fleet.statistics()),
+            # unasync: end
+            # unasync: use **fleet_fields(None),
             **adaptive,
         )
 
 
+# unasync: skip
 async def _then_close(closing: Awaitable[None] | None, fleet: FleetLimiter) -> None:
     if closing is not None:
         await closing
     await fleet.aclose()
+
+
+# unasync: end
 
 
 def _response(

@@ -57,12 +57,15 @@ class Verdict(enum.Enum):
     PING_TIMEOUT = "ping_timeout"  # an HTTP/2 health-check PING was not answered
 
 
+# unasync: use from .._exchange import ResponseHead
+# unasync: skip
 class ResponseHead(NamedTuple):
     status: int
     headers: list[tuple[bytes, bytes]]
     http_version: bytes  # b"HTTP/1.1", b"HTTP/2"
     reason: bytes
     stream_id: int | None = None
+    # unasync: end
 
 
 class Refused(Exception):
@@ -158,17 +161,18 @@ async def run_io(
 
 
 async def run_waiting(
-    awaitable: Awaitable[T],
+    wait: Callable[[], Awaitable[T]],
     phase: Phase,
     op_timeout: float | None,
     request: httpx.Request,
     timeouts: Timeouts,
 ) -> T:
-    """Like ``run_io`` for any awaitable (bounded with a cancel scope)."""
+    """Like ``run_io`` for any wait (``await wait()``, bounded with a cancel scope; a
+    callable rather than an awaitable, so that the sync twin starts it inside the scope)."""
     limit, by_deadline = timeouts.budget(op_timeout)
     try:
         with anyio.fail_after(limit):
-            return await awaitable
+            return await wait()
     except Exception as exc:
         _fail(exc, by_deadline, phase, request, timeouts)
 

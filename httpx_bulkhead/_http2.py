@@ -856,8 +856,10 @@ class H2Stream(_Sleeper):
     async def _wait_for_window(
         self, request: httpx.Request, timeouts: Timeouts, ready: Callable[[], bool]
     ) -> None:
-        waiting = self.conn.wait_for_window(self, ready)
-        await run_waiting(waiting, "write", timeouts.write, request, timeouts)
+        conn = self.conn
+        await run_waiting(
+            lambda: conn.wait_for_window(self, ready), "write", timeouts.write, request, timeouts
+        )
 
     def _can_send(self) -> bool:
         return self._window() > 0 or self._stop_upload()
@@ -895,7 +897,7 @@ class H2Stream(_Sleeper):
         try:
             if not ready():  # often the reader already queued it: no timeout scope needed
                 await run_waiting(
-                    conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
+                    lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
                 )
         except httpx.TransportError as exc:
             if ready():

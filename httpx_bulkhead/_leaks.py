@@ -10,8 +10,8 @@ dropped unclosed, not the one kept referenced.  So, with a threshold set:
 
 * when a request gets its slot, ``LeakDetector.watch`` notes the time and the acquiring
   stack (the caller's frames, as ``FrameSummary`` records: no frame is kept alive, source
-  lines are read only if a warning is written) and arms one timer (``_timers.Timers``, no
-  task per request) for ``leak_threshold`` seconds;
+  lines are read only if a warning is written) and arms one timer (``_timers.Timers``, or
+  the sync shell's ``_threads.Timers``: no task per request) for ``leak_threshold`` seconds;
 * the slot's release (``LeakWatch.release``, called exactly once, wherever the slot is
   given back: the request failed before its response, the response stream finished, its
   deadline passed, or it was garbage-collected) cancels the timer;
@@ -32,15 +32,26 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from ._log import log_warning
-from ._timers import TimerHandle, Timers
 
 __all__ = ["STACK_LIMIT", "LeakDetector", "LeakWatch"]
 
 #: Frames of the acquiring stack kept (the innermost ones outside this package).
 STACK_LIMIT = 32
 _PACKAGE = str(Path(__file__).parent)
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timers(Protocol):
+    """What the detector needs of the transport's timers (the async ``_timers.Timers``
+    and the sync shell's ``_threads.Timers`` both are)."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle: ...
 
 
 class LeakDetector:

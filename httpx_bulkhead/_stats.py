@@ -10,9 +10,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._connections import Connections
+    from typing import TypeAlias
+
+    from ._connections import Connections as AsyncConnections
     from ._fleet_config import FleetStats
-    from ._slots import Slots
+    from ._slots import Slots as AsyncSlots
+    from ._sync._connections import Connections as SyncConnections
+    from ._sync._slots import Slots as SyncSlots
+
+    Connections: TypeAlias = AsyncConnections | SyncConnections  # (the sync shell, generated)
+    Slots: TypeAlias = AsyncSlots | SyncSlots
 
 __all__ = [
     "CANCELLED",

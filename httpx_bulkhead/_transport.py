@@ -40,14 +40,14 @@ DEFAULT_HTTP1_PARSER = "h11"
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
 #: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
 STATISTICS_THREAD_WAIT = 1.0
+# unasync: skip
 #: Raised (``TypeError``) when a synchronous ``httpx.Client`` is given this transport.
 SYNC_CLIENT_ERROR = (
     "BulkheadTransport is an async transport: use it with httpx.AsyncClient, not"
-    " httpx.Client. There is no synchronous BulkheadTransport yet; with httpx.Client, give"
-    " each dependency its own client and pool, e.g. httpx.Client(transport=httpx.HTTPTransport("
-    "limits=httpx.Limits(max_connections=N))): separate pools, but no bounded wait queue,"
-    " acquire timeout or statistics"
+    " httpx.Client. For httpx.Client use httpx_bulkhead.BulkheadHTTPTransport, the same"
+    " transport for threads (same arguments, policies and statistics)"
 )
+# unasync: end
 
 
 class BulkheadTransport(httpx.AsyncBaseTransport):
@@ -268,6 +268,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     ) -> None:
         await self.aclose()
 
+    # unasync: skip
     # A synchronous client (``httpx.Client``) calls these: say what to use instead, rather
     # than an AttributeError about ``__enter__``.
     def __enter__(self) -> NoReturn:
@@ -278,6 +279,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
 
     def close(self) -> NoReturn:
         raise TypeError(SYNC_CLIENT_ERROR + " (to close this transport: await transport.aclose())")
+
+    # unasync: end
 
 
 def _default_policy(default: Policy | None, limits: httpx.Limits | None) -> Policy:

@@ -95,6 +95,7 @@ from ._metrics import (
 )
 from ._metrics import Histogram as HistogramSpec
 from ._stats import EVICTED, CompartmentStats, ExchangeInfo
+from ._sync_transport import BulkheadHTTPTransport
 from ._transport import BulkheadTransport
 
 __all__ = [
@@ -125,20 +126,20 @@ class _Snapshots:
     whatever the order, and never from the request path.
     """
 
-    def __init__(self, transport: BulkheadTransport) -> None:
-        self._transport: BulkheadTransport | None = transport
+    def __init__(self, transport: BulkheadTransport | BulkheadHTTPTransport) -> None:
+        self._transport: BulkheadTransport | BulkheadHTTPTransport | None = transport
         self._lock = threading.Lock()
         self._generation = -1  # the readers' ``seen``: the first read takes a snapshot
         self._snapshot: _Snapshot = {}
 
-    def detach(self, transport: BulkheadTransport) -> None:
+    def detach(self, transport: BulkheadTransport | BulkheadHTTPTransport) -> None:
         """Report nothing from now on, if ``transport`` is the one reported."""
         with self._lock:
             if self._transport is transport:
                 self._transport = None
                 self._snapshot = {}
 
-    def attach(self, transport: BulkheadTransport) -> bool:
+    def attach(self, transport: BulkheadTransport | BulkheadHTTPTransport) -> bool:
         """Report ``transport`` from now on, unless another one is attached."""
         with self._lock:
             if self._transport is not None and self._transport is not transport:
@@ -206,11 +207,11 @@ class Instrumentation:
         self,
         snapshots: _Snapshots,
         instruments: list[object],
-        transport: BulkheadTransport,
+        transport: BulkheadTransport | BulkheadHTTPTransport,
         histograms: _Histograms | None = None,
     ) -> None:
         self._snapshots = snapshots
-        self._transport: BulkheadTransport | None = transport
+        self._transport: BulkheadTransport | BulkheadHTTPTransport | None = transport
         self._histograms = histograms
         #: The observable instruments, in ``FIGURES`` order.
         self.instruments = instruments
@@ -247,7 +248,7 @@ _instrumented_lock = threading.Lock()
 
 
 def instrument(
-    transport: BulkheadTransport,
+    transport: BulkheadTransport | BulkheadHTTPTransport,
     meter_provider: MeterProvider | None = None,
     *,
     histograms: bool = False,
@@ -273,7 +274,7 @@ def instrument(
             instruments have the same names: uninstrument it first, or give each
             transport its own provider).
     """
-    if not isinstance(transport, BulkheadTransport):
+    if not isinstance(transport, BulkheadTransport | BulkheadHTTPTransport):
         raise TypeError(f"transport must be a BulkheadTransport, got {type(transport).__name__}")
     provider = get_meter_provider() if meter_provider is None else meter_provider
     with _instrumented_lock:

@@ -50,13 +50,15 @@ from prometheus_client.utils import floatToGoString
 
 from ._metrics import CONNECTION_DURATION, FIGURES, HISTOGRAMS, QUEUE_TIME, Figure, Histogram, Kind
 from ._stats import EVICTED, CompartmentStats
+from ._sync_transport import BulkheadHTTPTransport
 from ._transport import BulkheadTransport
 
 __all__ = ["BulkheadCollector"]
 
 
 class BulkheadCollector(Collector):
-    """A ``prometheus_client`` collector for one ``BulkheadTransport``.
+    """A ``prometheus_client`` collector for one ``BulkheadTransport`` (or
+    ``BulkheadHTTPTransport``).
 
     One collector per registry: its metric names are fixed, so a registry refuses a
     second one (``ValueError``).  The collector holds the transport until it is
@@ -72,8 +74,10 @@ class BulkheadCollector(Collector):
         TypeError: ``transport`` is not a ``BulkheadTransport``.
     """
 
-    def __init__(self, transport: BulkheadTransport, *, histograms: bool = True) -> None:
-        if not isinstance(transport, BulkheadTransport):
+    def __init__(
+        self, transport: BulkheadTransport | BulkheadHTTPTransport, *, histograms: bool = True
+    ) -> None:
+        if not isinstance(transport, BulkheadTransport | BulkheadHTTPTransport):
             raise TypeError(
                 f"transport must be a BulkheadTransport, got {type(transport).__name__}"
             )

@@ -6,10 +6,12 @@ extracted httpx tree.  Driven by environment variables set by ``httpx_suite.py``
 ``HTTPX_SUITE_RESULTS``
     a JSON-lines file: one line per test phase report (node id, phase, outcome, reason).
 ``HTTPX_SUITE_PATCH``
-    ``"1"``: a client created without ``transport=`` (``httpx.AsyncClient._init_transport``)
-    gets a ``BulkheadTransport`` built from the same keyword arguments, and so does each proxy
-    mount (``httpx.AsyncClient._init_proxy_transport``: ``BulkheadTransport(proxy=...)``).
-    The sync ``httpx.Client`` is left alone.
+    ``"async"``: an ``httpx.AsyncClient`` created without ``transport=``
+    (``_init_transport``) gets a ``BulkheadTransport`` built from the same keyword
+    arguments, and so does each proxy mount (``_init_proxy_transport``:
+    ``BulkheadTransport(proxy=...)``); ``"sync"``: an ``httpx.Client`` likewise gets a
+    ``BulkheadHTTPTransport`` (its proxy mounts are left alone); anything else: nothing is
+    patched.
 
 In both runs uvicorn's ``http="auto"`` is pinned to its h11 implementation, as in httpx's own
 CI (which does not install httptools): with httptools installed, uvicorn writes
@@ -29,13 +31,14 @@ import httpx
 import pytest
 
 if TYPE_CHECKING:
-    from httpx_bulkhead import BulkheadTransport
+    from httpx_bulkhead import BulkheadHTTPTransport, BulkheadTransport
 
 _RESULTS = os.environ.get("HTTPX_SUITE_RESULTS")
-_PATCH = os.environ.get("HTTPX_SUITE_PATCH") == "1"
+_MODE = os.environ.get("HTTPX_SUITE_PATCH", "")
+_PATCH = _MODE in ("async", "sync")
 # The transports the patch created during the current test (dropped when it ends), so the
-# report can show that the test really went through BulkheadTransport.
-_created: list[BulkheadTransport] = []
+# report can show that the test really went through ours.
+_created: list[BulkheadTransport | BulkheadHTTPTransport] = []
 
 
 def _patch_async_client() -> None:
@@ -100,14 +103,52 @@ def _patch_async_client() -> None:
     httpx.AsyncClient._init_proxy_transport = _init_proxy_transport  # type: ignore[method-assign]
 
 
+def _patch_client() -> None:
+    from httpx_bulkhead import BulkheadHTTPTransport
+
+    original = httpx.Client._init_transport
+
+    def _init_transport(
+        self: httpx.Client,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = httpx._config.DEFAULT_LIMITS,
+        transport: httpx.BaseTransport | None = None,
+    ) -> httpx.BaseTransport:
+        if transport is not None:
+            return original(self, transport=transport)
+        # The same arguments Client gives HTTPTransport in httpx 0.28.1 (see above).
+        created = BulkheadHTTPTransport(
+            verify=verify,
+            cert=cert,
+            trust_env=trust_env,
+            http1=http1,
+            http2=http2,
+            limits=limits,
+            retries=0,
+            local_address=None,
+            uds=None,
+            socket_options=None,
+        )
+        _created.append(created)
+        return created
+
+    httpx.Client._init_transport = _init_transport  # type: ignore[method-assign]
+
+
 def _pin_uvicorn_h11() -> None:
     protocols = importlib.import_module("uvicorn.config").HTTP_PROTOCOLS
     protocols["auto"] = protocols["h11"]
 
 
 _pin_uvicorn_h11()
-if _PATCH:
+if _MODE == "async":
     _patch_async_client()
+elif _MODE == "sync":
+    _patch_client()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -116,9 +157,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         import httpx_bulkhead
 
         where = os.path.dirname(httpx_bulkhead.__file__)
-        lines.append(f"httpx-suite: AsyncClient default transport: BulkheadTransport ({where})")
+        if _MODE == "async":
+            lines.append(f"httpx-suite: AsyncClient default transport: BulkheadTransport ({where})")
+        else:
+            lines.append(f"httpx-suite: Client default transport: BulkheadHTTPTransport ({where})")
     else:
-        lines.append("httpx-suite: AsyncClient default transport: httpx.AsyncHTTPTransport")
+        lines.append("httpx-suite: default transports: httpx's own")
     return lines
 
 

@@ -39,9 +39,21 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 def http1_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test once per HTTP/1.1 parser (modules opt in with ``usefixtures``): h11 is
     the reference, httptools the optional fast one."""
+    import httpx_bulkhead._sync._transport as sync_transport_module
     import httpx_bulkhead._transport as transport_module
 
     monkeypatch.setattr(transport_module, "DEFAULT_HTTP1_PARSER", request.param)
+    monkeypatch.setattr(sync_transport_module, "DEFAULT_HTTP1_PARSER", request.param)
+    return str(request.param)
+
+
+@pytest.fixture(params=["async", "sync"])
+def flavour(request: pytest.FixtureRequest, anyio_backend: str) -> str:
+    """Runs a test against ``BulkheadTransport`` and ``BulkheadHTTPTransport`` (threads as
+    callers; see ``tests/flavours.py``).  The sync one runs under asyncio only: the test's
+    event loop only starts its threads."""
+    if request.param == "sync" and anyio_backend == "trio":
+        pytest.skip("the sync transport is driven from one event loop flavour (asyncio)")
     return str(request.param)
 
 

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 import httpx_bulkhead
+from httpx_bulkhead import _blocking as blocking
 from httpx_bulkhead._network import Connector, set_alpn
 from httpx_bulkhead._streams import NetStream
 from httpx_bulkhead._trace import TraceFn
@@ -82,6 +83,25 @@ class ExampleHosts:
         return await self._connector.connect(local, timeout=timeout, trace=trace)
 
 
+class ExampleHostsBlocking:
+    """``ExampleHosts`` for ``BulkheadHTTPTransport`` (its network's ``connect`` blocks)."""
+
+    def __init__(self, hosts: ExampleHosts) -> None:
+        self._ports = hosts._ports
+        self._connector = blocking.Connector(ssl_context=hosts._connector.ssl_context)
+
+    def connect(
+        self, request: httpx.Request, *, timeout: float | None, trace: Any
+    ) -> blocking.SocketStream:
+        url = request.url
+        local = httpx.Request(
+            request.method,
+            url.copy_with(host="127.0.0.1", port=self._ports[url.scheme]),
+            extensions={**request.extensions, "sni_hostname": url.host},
+        )
+        return self._connector.connect(local, timeout=timeout, trace=trace)
+
+
 @pytest.fixture(scope="module")
 def example_hosts() -> Iterator[ExampleHosts]:
     tls = ServerTLS(session_ca(), hosts=("*.example.com", "example.com"))
@@ -102,6 +122,15 @@ def local_network(example_hosts: ExampleHosts, monkeypatch: pytest.MonkeyPatch) 
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(httpx_bulkhead, "BulkheadTransport", LocalBulkheadTransport)
+    blocking_hosts = ExampleHostsBlocking(example_hosts)
+    real_sync = httpx_bulkhead.BulkheadHTTPTransport
+
+    class LocalBulkheadHTTPTransport(real_sync):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("network", blocking_hosts)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(httpx_bulkhead, "BulkheadHTTPTransport", LocalBulkheadHTTPTransport)
     resolve = socket.getaddrinfo
 
     def loopback_only(host: Any, *args: Any, **kwargs: Any) -> Any:

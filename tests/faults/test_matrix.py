@@ -30,7 +30,7 @@ import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport, CompartmentStats, Policy, RequestTimeout
+from httpx_bulkhead import CompartmentStats, Policy, RequestTimeout
 from tests.conftest import until
 from tests.faults.handlers import (
     MB,
@@ -52,6 +52,7 @@ from tests.faults.handlers import (
     tls_serve,
     tls_silent,
 )
+from tests.flavours import Client, Flavour, Transport, client_for, make_transport
 from tests.resources import FdSnapshot, assert_no_fd_growth, settle_io
 from tests.servers import (
     RawServer,
@@ -91,8 +92,8 @@ SETUP_TIMEOUT = 10.0
 class Ctx:
     """What a row's steps get: the client, its transport, the server and its base URL."""
 
-    client: httpx.AsyncClient
-    transport: BulkheadTransport
+    client: Client
+    transport: Transport
     server: Any
     url: str
     backend: str
@@ -248,6 +249,7 @@ async def get_second(ctx: Ctx) -> httpx.Response:
 
 async def stream_body(ctx: Ctx) -> httpx.Response:
     """Head first, then the body: the fault hits while the body is being read."""
+    assert isinstance(ctx.client, httpx.AsyncClient)  # (an async-only step)
     async with ctx.client.stream("GET", ctx.url + "/bad") as response:
         assert response.status_code == 200
         await response.aread()
@@ -832,16 +834,24 @@ ROWS: list[Row] = [
 ]
 
 
+#: Steps only an event loop can take (an async trace callback, ``client.stream`` of the
+#: async client, a task cancelled): their rows run against the async transport only.
+ASYNC_ONLY_STEPS = frozenset({wait_for_fin, post_after_fin, stream_body, give_up_after_03})
+
+
 def _cases() -> Iterator[Any]:
     for row in ROWS:
         for backend in BACKENDS:
-            yield pytest.param(row, backend, id=f"{row.id}-{backend}")
+            yield pytest.param(row, backend, "async", id=f"{row.id}-{backend}")
+        if not {row.prepare, row.call, row.check} & ASYNC_ONLY_STEPS:
+            # BulkheadHTTPTransport, called from worker threads (tests/flavours.py)
+            yield pytest.param(row, "asyncio", "sync", id=f"{row.id}-sync")
 
 
 # ------------------------------------------------------------------------ the harness
 
 
-def compartment_stats(transport: BulkheadTransport) -> CompartmentStats:
+def compartment_stats(transport: Transport) -> CompartmentStats:
     (stats,) = transport.statistics().values()
     return stats
 
@@ -894,23 +904,23 @@ def check_clean(row: Row, stats: CompartmentStats) -> None:
         assert getattr(stats, name) == value, (name, getattr(stats, name), value, stats)
 
 
-@pytest.mark.parametrize(("row", "anyio_backend"), list(_cases()))
-async def test_fault(row: Row, anyio_backend: str) -> None:
+@pytest.mark.parametrize(("row", "anyio_backend", "flavour"), list(_cases()))
+async def test_fault(row: Row, anyio_backend: str, flavour: Flavour) -> None:
     before = FdSnapshot.take()
-    await run_row(row, anyio_backend)
+    await run_row(row, anyio_backend, flavour)
     await settle_io()
     assert_no_fd_growth(before, row.id)
 
 
-async def run_row(row: Row, anyio_backend: str) -> None:
+async def run_row(row: Row, anyio_backend: str, flavour: Flavour = "async") -> None:
     with row.server() as srv:
         scheme = "https" if row.tls is not None else "http"
         url = f"{scheme}://127.0.0.1:{srv.port}"
         verify: ssl.SSLContext | bool = True if row.tls is None else row.tls.client_ssl_context()
-        transport = BulkheadTransport(
-            default=row.policy, http1=not row.http2, http2=row.http2, verify=verify
+        transport = make_transport(
+            flavour, default=row.policy, http1=not row.http2, http2=row.http2, verify=verify
         )
-        async with httpx.AsyncClient(transport=transport, timeout=row.timeout) as client:
+        async with client_for(transport, timeout=row.timeout) as client:
             ctx = Ctx(client, transport, srv, url, anyio_backend)
             ctx.notes["report"] = getattr(srv, "report", None)
             if row.prepare is not None:

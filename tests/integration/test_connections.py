@@ -18,6 +18,7 @@ from httpx_bulkhead import (
     TransportClosed,
 )
 from tests.conftest import until
+from tests.flavours import Flavour, client_for, make_transport
 from tests.servers import (
     HypercornServer,
     RawConn,
@@ -46,11 +47,11 @@ def origin_of(url: str) -> str:
     return url  # unlisted origins get a compartment named "http://127.0.0.1:PORT"
 
 
-async def test_late_response_is_never_read_by_the_next_request() -> None:
+async def test_late_response_is_never_read_by_the_next_request(flavour: Flavour) -> None:
     with RawServer(late_response("release")) as srv:
-        transport = BulkheadTransport()
+        transport = make_transport(flavour)
         timeout = httpx.Timeout(10, read=0.2)
-        async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
+        async with client_for(transport, timeout=timeout) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.get(f"{srv.url}/first")
             srv.set_event("release")  # the server now answers /first, late
@@ -63,10 +64,10 @@ async def test_late_response_is_never_read_by_the_next_request() -> None:
         assert srv.connections == 2
 
 
-async def test_connection_closed_by_server_while_idle_is_not_used() -> None:
+async def test_connection_closed_by_server_while_idle_is_not_used(flavour: Flavour) -> None:
     with RawServer(close_after_response(b"ok")) as srv:
-        transport = BulkheadTransport()
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour)
+        async with client_for(transport) as client:
             assert (await client.get(srv.url)).text == "ok"
             await srv.wait_event("closed")
             second = await client.get(srv.url)
@@ -92,10 +93,12 @@ def race_then_serve(conn: RawConn) -> None:
     ("method", "headers"),
     [("GET", {}), ("PUT", {}), ("POST", {"Idempotency-Key": "k1"})],
 )
-async def test_stale_connection_is_retried_when_safe(method: str, headers: dict[str, str]) -> None:
+async def test_stale_connection_is_retried_when_safe(
+    method: str, headers: dict[str, str], flavour: Flavour
+) -> None:
     with RawServer(race_then_serve) as srv:
-        transport = BulkheadTransport()
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour)
+        async with client_for(transport) as client:
             assert (await client.get(srv.url)).text == "first"
             response = await client.request(method, srv.url, content=b"body", headers=headers)
             assert response.text == "fresh"
@@ -106,10 +109,10 @@ async def test_stale_connection_is_retried_when_safe(method: str, headers: dict[
         assert len(srv.requests) == 3  # first, the one lost in the race, its replay
 
 
-async def test_post_whose_body_was_sent_is_not_retried() -> None:
+async def test_post_whose_body_was_sent_is_not_retried(flavour: Flavour) -> None:
     with RawServer(race_then_serve) as srv:
-        transport = BulkheadTransport()
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour)
+        async with client_for(transport) as client:
             assert (await client.get(srv.url)).text == "first"
             with pytest.raises(httpx.RemoteProtocolError, match="disconnected"):
                 await client.post(srv.url, content=b"not idempotent")

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import BulkheadTransport, CompartmentStats
+from tests.flavours import Flavour, client_for, make_transport
 from tests.servers import (
     RawConn,
     RawServer,
@@ -84,10 +85,10 @@ def staged_head(size: int, first: int) -> Handler:
 # ------------------------------------------------------------------------- connect
 
 
-async def test_connection_refused_is_connect_error() -> None:
+async def test_connection_refused_is_connect_error(flavour: Flavour) -> None:
     port = closed_port()
-    transport = BulkheadTransport()
-    async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+    transport = make_transport(flavour)
+    async with client_for(transport, timeout=TIMEOUT) as client:
         with pytest.raises(httpx.TransportError) as caught:
             await client.get(f"http://127.0.0.1:{port}/")
         assert_mapped(caught.value, httpx.ConnectError)
@@ -123,11 +124,13 @@ async def test_connection_refused_is_connect_error() -> None:
     ],
 )
 async def test_fault_maps_to_httpx_error_and_discards_the_connection(
-    handler: Handler, expected: type[httpx.TransportError]
+    handler: Handler,
+    expected: type[httpx.TransportError],
+    flavour: Flavour,
 ) -> None:
     with RawServer(handler) as srv:
-        transport = BulkheadTransport()
-        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+        transport = make_transport(flavour)
+        async with client_for(transport, timeout=TIMEOUT) as client:
             with pytest.raises(httpx.TransportError) as caught:
                 await client.get(srv.url)
             assert_mapped(caught.value, expected)
@@ -269,11 +272,11 @@ async def test_body_delimited_by_eof_discards_the_connection_at_once() -> None:
             assert_clean(transport.statistics()[srv.url], not_reusable=1, completed=1)
 
 
-async def test_never_answer_read_timeout() -> None:
+async def test_never_answer_read_timeout(flavour: Flavour) -> None:
     with RawServer(never_answer()) as srv:
-        transport = BulkheadTransport()
+        transport = make_transport(flavour)
         timeout = httpx.Timeout(TIMEOUT, read=0.2)
-        async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
+        async with client_for(transport, timeout=timeout) as client:
             with pytest.raises(httpx.TransportError) as caught:
                 await client.get(srv.url)
             assert_mapped(caught.value, httpx.ReadTimeout)
@@ -283,7 +286,7 @@ async def test_never_answer_read_timeout() -> None:
             )
 
 
-async def test_compartment_serves_again_after_a_failure() -> None:
+async def test_compartment_serves_again_after_a_failure(flavour: Flavour) -> None:
     """A failed exchange leaves nothing behind: the next request to the same origin
     opens a fresh connection and succeeds."""
     served = 0
@@ -298,8 +301,8 @@ async def test_compartment_serves_again_after_a_failure() -> None:
                 conn.send_response(200, b"recovered")
 
     with RawServer(first_garbage_then_ok) as srv:
-        transport = BulkheadTransport()
-        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+        transport = make_transport(flavour)
+        async with client_for(transport, timeout=TIMEOUT) as client:
             with pytest.raises(httpx.RemoteProtocolError):
                 await client.get(srv.url)
             response = await client.get(srv.url)

@@ -26,6 +26,7 @@ import pytest
 from httpx_bulkhead import (
     AcquireTimeout,
     BulkheadFull,
+    BulkheadHTTPTransport,
     BulkheadTransport,
     CompartmentStats,
     Policy,
@@ -210,7 +211,9 @@ DURATION = ("http.client.connection.duration", "httpx_bulkhead_connection_durati
 
 
 def read_otel(
-    reader: InMemoryMetricReader, transport: BulkheadTransport, histograms: Histograms | None = None
+    reader: InMemoryMetricReader,
+    transport: BulkheadTransport | BulkheadHTTPTransport,
+    histograms: Histograms | None = None,
 ) -> tuple[Samples, dict[str, CompartmentStats]]:
     """One collection of ``reader`` (instruments of ``otel.instrument``), checked for
     units, descriptions and instrument kinds, as samples; and ``statistics()`` after it.
@@ -278,7 +281,7 @@ def _otel_histogram(
     return out
 
 
-def prometheus_registry(transport: BulkheadTransport) -> Any:
+def prometheus_registry(transport: BulkheadTransport | BulkheadHTTPTransport) -> Any:
     from prometheus_client import CollectorRegistry
 
     from httpx_bulkhead.prometheus import BulkheadCollector
@@ -289,7 +292,9 @@ def prometheus_registry(transport: BulkheadTransport) -> Any:
 
 
 def read_prometheus(
-    transport: BulkheadTransport, registry: Any = None, histograms: Histograms | None = None
+    transport: BulkheadTransport | BulkheadHTTPTransport,
+    registry: Any = None,
+    histograms: Histograms | None = None,
 ) -> tuple[Samples, dict[str, CompartmentStats]]:
     """The collector's samples but the histograms' (which go to ``histograms``), and
     ``statistics()`` right after."""
@@ -573,3 +578,35 @@ async def test_both_exporters_report_http2_streams_against_node() -> None:
                 node.release("exporters")
         instrumentation.uninstrument()
         provider.shutdown()
+
+
+def test_both_exporters_read_the_sync_transport(server: HypercornServer) -> None:
+    """``BulkheadCollector`` and ``otel.instrument`` take ``BulkheadHTTPTransport`` too,
+    and report what its ``statistics()`` says, while threads use it."""
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("opentelemetry.sdk")
+    import threading
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from httpx_bulkhead import otel
+
+    transport = BulkheadHTTPTransport(default=Policy(max_concurrency=4))
+    reader = InMemoryMetricReader()
+    instrumentation = otel.instrument(transport, MeterProvider(metric_readers=[reader]))
+    with httpx.Client(transport=transport) as client:
+        threads = [
+            threading.Thread(target=lambda: [client.get(f"{server.url}/") for _ in range(5)])
+            for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        samples, stats = read_prometheus(transport)
+        assert samples == expected_prometheus(stats)
+        assert stats[server.url].completed == 40
+        otel_samples, otel_stats = read_otel(reader, transport)
+        assert otel_samples == expected_otel(otel_stats)
+    instrumentation.uninstrument()

@@ -16,6 +16,7 @@ import pytest
 
 from httpx_bulkhead import BulkheadTransport, ExchangeInfo, Policy
 from tests.conftest import until
+from tests.flavours import Flavour, client_for, make_transport
 from tests.servers import (
     HypercornServer,
     RawConn,
@@ -104,9 +105,9 @@ async def chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
 # ----------------------------------------------------------------- basic round trips
 
 
-async def test_get_and_post_echo(server: HypercornServer) -> None:
+async def test_get_and_post_echo(server: HypercornServer, flavour: Flavour) -> None:
     body = bytes(range(256)) * 64  # every byte value, 16 KiB
-    async with httpx.AsyncClient(transport=BulkheadTransport(), timeout=TIMEOUT) as client:
+    async with client_for(make_transport(flavour), timeout=TIMEOUT) as client:
         response = await client.get(f"{server.url}/")
         assert (response.status_code, response.content) == (200, b"hello")
         for method in ("POST", "PUT", "PATCH"):
@@ -239,10 +240,10 @@ async def test_target_extension_overrides_the_request_target(server: HypercornSe
     assert (response.status_code, response.content) == (200, b"via-target")
 
 
-async def test_per_request_timeout_raises_read_timeout() -> None:
+async def test_per_request_timeout_raises_read_timeout(flavour: Flavour) -> None:
     with RawServer(never_answer()) as srv:
-        transport = BulkheadTransport()
-        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+        transport = make_transport(flavour)
+        async with client_for(transport, timeout=TIMEOUT) as client:
             with pytest.raises(httpx.ReadTimeout) as caught:
                 await client.get(srv.url, timeout=httpx.Timeout(0.2))
             assert caught.value.request.url == httpx.URL(srv.url)
@@ -546,9 +547,9 @@ async def test_same_request_bytes_as_default_transport() -> None:
     assert ours == normalise
 
 
-async def test_keepalive_raw_server_single_connection() -> None:
+async def test_keepalive_raw_server_single_connection(flavour: Flavour) -> None:
     with RawServer(keepalive_ok(b"hi")) as srv:
-        async with httpx.AsyncClient(transport=BulkheadTransport(), timeout=TIMEOUT) as client:
+        async with client_for(make_transport(flavour), timeout=TIMEOUT) as client:
             bodies = [(await client.get(f"{srv.url}/{i}")).content for i in range(5)]
         assert bodies == [b"hi"] * 5
         assert srv.connections == 1

@@ -4,7 +4,7 @@ flow control, ALPN."""
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -13,6 +13,7 @@ import pytest
 
 from httpx_bulkhead import BulkheadTransport, Policy
 from tests.conftest import until
+from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import HypercornServer, TestApp, default_server_tls
 
 pytestmark = pytest.mark.anyio
@@ -23,16 +24,26 @@ def h2c_transport(**policy: object) -> BulkheadTransport:
     return BulkheadTransport(default=Policy(**policy), http1=False, http2=True)  # type: ignore[arg-type]
 
 
+def h2c_transport_in(flavour: Flavour, **policy: object) -> Transport:
+    """``h2c_transport``, of either flavour (``tests/flavours.py``)."""
+    policy_ = Policy(**policy)  # type: ignore[arg-type]
+    return make_transport(flavour, default=policy_, http1=False, http2=True)
+
+
 @pytest.mark.parametrize(("connections", "expected"), [(1, 1), (4, 4)])
 async def test_stream_cap_is_respected_and_scales_out(
-    app: TestApp, unique: Callable[[str], str], connections: int, expected: int
+    app: TestApp,
+    unique: Callable[[str], str],
+    connections: int,
+    expected: int,
+    flavour: Flavour,
 ) -> None:
     gate = app.gate(unique("cap"))
     with HypercornServer(app, h2_max_concurrent_streams=3) as srv:
         bucket = f"127.0.0.1:{srv.port}"
-        transport = h2c_transport(max_concurrency=30, max_connections=connections)
+        transport = h2c_transport_in(flavour, max_concurrency=30, max_connections=connections)
         statuses: list[str] = []
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client_for(transport, timeout=10) as client:
 
             async def call() -> None:
                 response = await client.get(f"{srv.url}/gate/{gate.name}")
@@ -42,6 +53,8 @@ async def test_stream_cap_is_respected_and_scales_out(
                 for _ in range(30):
                     tg.start_soon(call)
                 await gate.until_entered(3 * expected)
+                # (threads start in their own time: wait until all 30 hold their slots)
+                await until(lambda: transport.statistics()[srv.url].running == 30)
                 stats = transport.statistics()[srv.url]
                 assert stats.open_streams == 3 * expected
                 assert stats.stream_caps == (3,) * expected
@@ -117,11 +130,14 @@ async def test_cancelled_stream_is_reset_and_the_connection_stays_usable(
 
 
 async def test_one_stream_timing_out_does_not_fail_the_others(
-    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+    server: HypercornServer,
+    app: TestApp,
+    unique: Callable[[str], str],
+    flavour: Flavour,
 ) -> None:
     slow, fast = app.gate(unique("slow")), app.gate(unique("fast"))
-    transport = h2c_transport(max_concurrency=4)
-    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+    transport = h2c_transport_in(flavour, max_concurrency=4)
+    async with client_for(transport, timeout=10) as client:
         await client.get(f"{server.url}/")  # one connection, known to be HTTP/2
         results: dict[str, object] = {}
 
@@ -148,18 +164,23 @@ async def test_one_stream_timing_out_does_not_fail_the_others(
         slow.open()
 
 
-async def test_large_bodies_in_both_directions(server: HypercornServer) -> None:
+async def test_large_bodies_in_both_directions(server: HypercornServer, flavour: Flavour) -> None:
     payload = bytes(range(256)) * 12_000  # ~3 MB: many windows' worth
-    transport = h2c_transport(max_concurrency=4)
-    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+    transport = h2c_transport_in(flavour, max_concurrency=4)
+    async with client_for(transport, timeout=30) as client:
 
         async def chunks() -> AsyncIterator[bytes]:
             for start in range(0, len(payload), 100_000):
                 yield payload[start : start + 100_000]
 
+        def sync_chunks() -> Iterator[bytes]:  # a sync client's streamed body
+            for start in range(0, len(payload), 100_000):
+                yield payload[start : start + 100_000]
+
         echoed = await client.post(f"{server.url}/echo", content=payload)
         assert echoed.content == payload
-        streamed = await client.post(f"{server.url}/echo", content=chunks())
+        body = chunks() if flavour == "async" else sync_chunks()
+        streamed = await client.post(f"{server.url}/echo", content=body)
         assert streamed.content == payload
         big = await client.get(f"{server.url}/bytes/5000000")
         assert len(big.content) == 5_000_000

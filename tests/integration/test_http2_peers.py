@@ -10,6 +10,7 @@ import pytest
 
 from httpx_bulkhead import BulkheadTransport, Policy
 from tests.conftest import until
+from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import NodeH2Server, default_server_tls, h2script
 
 pytestmark = pytest.mark.anyio
@@ -19,12 +20,18 @@ def h2c(**policy: object) -> BulkheadTransport:
     return BulkheadTransport(default=Policy(**policy), http1=False, http2=True)  # type: ignore[arg-type]
 
 
+def h2c_in(flavour: Flavour, **policy: object) -> Transport:
+    """``h2c``, of either flavour (``tests/flavours.py``)."""
+    policy_ = Policy(**policy)  # type: ignore[arg-type]
+    return make_transport(flavour, default=policy_, http1=False, http2=True)
+
+
 @pytest.mark.parametrize("connections", [1, 4])
-async def test_node_stream_cap_and_scale_out(connections: int) -> None:
+async def test_node_stream_cap_and_scale_out(connections: int, flavour: Flavour) -> None:
     with NodeH2Server(max_concurrent_streams=3) as node:
-        transport = h2c(max_concurrency=30, max_connections=connections)
+        transport = h2c_in(flavour, max_concurrency=30, max_connections=connections)
         versions: list[str] = []
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client_for(transport, timeout=10) as client:
 
             async def call() -> None:
                 versions.append((await client.get(f"{node.url}/hold/cap")).http_version)
@@ -55,10 +62,10 @@ async def test_node_tls_alpn_h2() -> None:
         assert responses[2].extensions["bulkhead"].reused
 
 
-async def test_cap_lowered_then_raised_mid_connection() -> None:
+async def test_cap_lowered_then_raised_mid_connection(flavour: Flavour) -> None:
     with h2script.change_cap(max_streams=3) as srv:
-        transport = h2c(max_concurrency=20, max_connections=1)
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        transport = h2c_in(flavour, max_concurrency=20, max_connections=1)
+        async with client_for(transport, timeout=10) as client:
             await client.get(f"{srv.url}/")  # connection up, cap known
             async with anyio.create_task_group() as tg:
                 for _ in range(6):
@@ -87,11 +94,11 @@ async def test_cap_lowered_then_raised_mid_connection() -> None:
         assert not srv.violations and not srv.protocol_errors
 
 
-async def test_goaway_replays_unprocessed_streams_and_finishes_the_others() -> None:
+async def test_goaway_replays_unprocessed_streams_and_finishes_the_others(flavour: Flavour) -> None:
     with h2script.goaway_after(3) as srv:
-        transport = h2c(max_concurrency=10)
+        transport = h2c_in(flavour, max_concurrency=10)
         results: list[str] = []
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client_for(transport, timeout=10) as client:
 
             async def call() -> None:
                 results.append((await client.get(f"{srv.url}/hold/g")).text)
@@ -111,10 +118,10 @@ async def test_goaway_replays_unprocessed_streams_and_finishes_the_others() -> N
         assert not srv.protocol_errors
 
 
-async def test_unanswered_ping_discards_the_connection() -> None:
+async def test_unanswered_ping_discards_the_connection(flavour: Flavour) -> None:
     with h2script.never_ping() as srv:
-        transport = h2c(ping_after=0.0, ping_timeout=0.2)
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        transport = h2c_in(flavour, ping_after=0.0, ping_timeout=0.2)
+        async with client_for(transport, timeout=10) as client:
             first = await client.get(f"{srv.url}/")
             second = await client.get(f"{srv.url}/")  # PING on reuse: no answer
             assert first.status_code == second.status_code == 200
@@ -134,10 +141,10 @@ async def test_answered_ping_keeps_the_connection() -> None:
             assert transport.statistics()[srv.url].ping_timeouts == 0
 
 
-async def test_server_reset_fails_only_that_stream() -> None:
+async def test_server_reset_fails_only_that_stream(flavour: Flavour) -> None:
     with h2script.reset_stream("/bad") as srv:
-        transport = h2c()
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        transport = h2c_in(flavour)
+        async with client_for(transport, timeout=10) as client:
             await client.get(f"{srv.url}/")
             with pytest.raises(httpx.RemoteProtocolError, match="reset"):
                 await client.get(f"{srv.url}/bad")
@@ -147,19 +154,19 @@ async def test_server_reset_fails_only_that_stream() -> None:
             assert stats.connections_created == 1 and stats.failed == 1 and stats.running == 0
 
 
-async def test_refused_stream_is_replayed() -> None:
+async def test_refused_stream_is_replayed(flavour: Flavour) -> None:
     with h2script.refuse_stream("/once", times=1) as srv:
-        transport = h2c()
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        transport = h2c_in(flavour)
+        async with client_for(transport, timeout=10) as client:
             response = await client.get(f"{srv.url}/once")
             assert response.status_code == 200 and response.extensions["bulkhead"].retried
             assert transport.statistics()[srv.url].replays == 1
 
 
-async def test_cap_lowered_to_zero_scales_out() -> None:
+async def test_cap_lowered_to_zero_scales_out(flavour: Flavour) -> None:
     with h2script.settings_zero() as srv:
-        transport = h2c(max_connections=4)
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        transport = h2c_in(flavour, max_connections=4)
+        async with client_for(transport, timeout=10) as client:
             first = await client.get(f"{srv.url}/")
             # The server lowers the cap to 0 after its first response; the client sees it
             # when it next uses the connection.

@@ -11,6 +11,7 @@ import pytest
 from httpx_bulkhead import AcquireTimeout, BulkheadFull, BulkheadTransport, Policy, RequestTimeout
 from httpx_bulkhead._stats import quantile
 from tests.conftest import until
+from tests.flavours import Flavour, client_for, make_transport
 from tests.servers import HypercornServer, TestApp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("http1_parser")]
@@ -64,10 +65,12 @@ async def test_gate_isolation_and_queue_rules(app: TestApp, unique: Callable[[st
         assert results["queued"].extensions["bulkhead"].queue_wait > 0
 
 
-async def test_burst_never_exceeds_the_limit(server: HypercornServer, app: TestApp) -> None:
+async def test_burst_never_exceeds_the_limit(
+    server: HypercornServer, app: TestApp, flavour: Flavour
+) -> None:
     bucket = f"127.0.0.1:{server.port}"
-    transport = BulkheadTransport(hosts={bucket: Policy(max_concurrency=5)})
-    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(10, pool=None)) as c:
+    transport = make_transport(flavour, hosts={bucket: Policy(max_concurrency=5)})
+    async with client_for(transport, timeout=httpx.Timeout(10, pool=None)) as c:
         statuses: list[int] = []
 
         async def call() -> None:
@@ -85,12 +88,15 @@ async def test_burst_never_exceeds_the_limit(server: HypercornServer, app: TestA
 
 
 async def test_full_queue_rejects_at_once(
-    server: HypercornServer, app: TestApp, unique: Callable[[str], str]
+    server: HypercornServer,
+    app: TestApp,
+    unique: Callable[[str], str],
+    flavour: Flavour,
 ) -> None:
     gate = app.gate(unique("full"))
     key = f"127.0.0.1:{server.port}"
-    transport = BulkheadTransport(hosts={key: Policy(max_concurrency=1, max_pending=1)})
-    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+    transport = make_transport(flavour, hosts={key: Policy(max_concurrency=1, max_pending=1)})
+    async with client_for(transport, timeout=10) as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.get, f"{server.url}/gate/{gate.name}")
             tg.start_soon(client.get, f"{server.url}/gate/{gate.name}")
@@ -103,17 +109,19 @@ async def test_full_queue_rejects_at_once(
 
 
 async def test_exhaustion_same_compartment_times_out_other_host_is_served(
-    app: TestApp, unique: Callable[[str], str]
+    app: TestApp,
+    unique: Callable[[str], str],
+    flavour: Flavour,
 ) -> None:
     """4 slow calls fill a compartment of 4: fast calls to it fail with AcquireTimeout,
     fast calls to another host all succeed; a request_timeout brings the slots back."""
     gate = app.gate(unique("slow"))
     with HypercornServer(app) as slow, HypercornServer(app) as fast:
         slow_key = f"127.0.0.1:{slow.port}"
-        transport = BulkheadTransport(
-            hosts={slow_key: Policy(max_concurrency=4, acquire_timeout=0.05)}
+        transport = make_transport(
+            flavour, hosts={slow_key: Policy(max_concurrency=4, acquire_timeout=0.05)}
         )
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client_for(transport, timeout=10) as client:
             async with anyio.create_task_group() as tg:
                 for _ in range(4):
                     tg.start_soon(client.get, f"{slow.url}/gate/{gate.name}")
@@ -132,10 +140,10 @@ async def test_exhaustion_same_compartment_times_out_other_host_is_served(
     gate2 = app.gate(unique("slow"))
     with HypercornServer(app) as slow:
         slow_key = f"127.0.0.1:{slow.port}"
-        transport = BulkheadTransport(
-            hosts={slow_key: Policy(max_concurrency=4, request_timeout=0.3)}
+        transport = make_transport(
+            flavour, hosts={slow_key: Policy(max_concurrency=4, request_timeout=0.3)}
         )
-        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+        async with client_for(transport, timeout=10) as client:
             failures: list[BaseException] = []
 
             async def slow_call() -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import respx
 
-from httpx_bulkhead import BulkheadTransport, Policy
+from httpx_bulkhead import BulkheadHTTPTransport, BulkheadTransport, Policy
 from tests.servers import HypercornServer, TestApp
 
 pytestmark = pytest.mark.anyio
@@ -110,3 +110,21 @@ async def test_an_unknown_respx_is_refused_not_sent(
                 await client.get(f"{server.url}/")
             monkeypatch.undo()
     assert app.records() == []
+
+
+def test_default_mode_intercepts_for_the_sync_transport(
+    server: HypercornServer, app: TestApp
+) -> None:
+    """The sync transport asks respx too (respx's sync handler), with httpx.Client."""
+    transport = BulkheadHTTPTransport(hosts={f"127.0.0.1:{server.port}": Policy()})
+    with httpx.Client(transport=transport) as client:
+        with respx.mock:
+            route = respx.get(f"{server.url}/").respond(200, text="mocked")
+            passed = respx.get(f"{server.url}/echo").pass_through()
+            response = client.get(f"{server.url}/")
+            real = client.get(f"{server.url}/echo")
+            # (read inside the block: leaving it may reset the global router's routes)
+            assert route.call_count == 1 and passed.call_count == 1
+        assert response.text == "mocked" and "bulkhead" not in response.extensions
+        assert real.status_code == 200 and "bulkhead" in real.extensions
+    assert [r.path for r in app.records()] == ["/echo"]  # only the pass-through

@@ -1,13 +1,19 @@
-"""A synchronous ``httpx.Client`` given the transport fails at once with a ``TypeError``
-that says to use ``httpx.AsyncClient`` (and what to do with a sync client), however it is
-used; before, ``AttributeError: ... no attribute '__enter__'`` (or ``'handle_request'``)."""
+"""``httpx.Client`` and the transports: the async ``BulkheadTransport`` given to a sync
+client fails at once with a ``TypeError`` that names the sync transport to use
+(``BulkheadHTTPTransport``), however it is used; the sync transport serves it."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport
+from httpx_bulkhead import (
+    AsyncBulkheadHTTPTransport,
+    BulkheadHTTPTransport,
+    BulkheadTransport,
+    Policy,
+)
+from tests.servers import HypercornServer
 
 ADVICE = r"async transport: use it with httpx\.AsyncClient, not httpx\.Client"
 
@@ -17,7 +23,7 @@ def test_with_block() -> None:
     with pytest.raises(TypeError, match=ADVICE) as caught:
         with httpx.Client(transport=BulkheadTransport()):  # type: ignore[arg-type]
             pass
-    assert "httpx.HTTPTransport(limits=httpx.Limits(max_connections=N))" in str(caught.value)
+    assert "use httpx_bulkhead.BulkheadHTTPTransport" in str(caught.value)
 
 
 def test_request_without_a_with_block_touches_no_network() -> None:
@@ -30,5 +36,20 @@ def test_request_without_a_with_block_touches_no_network() -> None:
 
 @pytest.mark.anyio
 async def test_the_async_client_is_unaffected() -> None:
-    async with httpx.AsyncClient(transport=BulkheadTransport()) as client:
+    async with httpx.AsyncClient(transport=AsyncBulkheadHTTPTransport()) as client:
         assert not client.is_closed
+    assert AsyncBulkheadHTTPTransport is BulkheadTransport
+
+
+def test_the_sync_transport_serves_httpx_client(server: HypercornServer) -> None:
+    transport = BulkheadHTTPTransport(default=Policy(max_concurrency=2))
+    assert isinstance(transport, httpx.BaseTransport)
+    with httpx.Client(transport=transport) as client:
+        response = client.get(f"{server.url}/")
+        assert response.text == "hello"
+        info = response.extensions["bulkhead"]
+        assert info.compartment == f"http://127.0.0.1:{server.port}"
+        assert client.get(f"{server.url}/").extensions["bulkhead"].reused
+    [stats] = transport.statistics().values()
+    assert (stats.acquired, stats.completed, stats.connections_created) == (2, 2, 1)
+    assert stats.connections == 0  # closed with the client

@@ -1,0 +1,393 @@
+"""Blocking sockets for the sync shell: the counterpart of ``_streams.py`` and ``_network.py``.
+
+``SocketStream`` is the sync ``NetStream``: a non-blocking socket, each call waiting with
+its own ``poll`` and deadline (not the socket's timeout, which is one per socket: an
+HTTP/2 reader and a writer use it at once, each with its own timeout),
+with TLS by our own ``TLSEngine`` (``_tls.py``) as in the async streams, so
+``is_readable`` sees every unread byte the peer sent, wherever it waits.  Every socket call
+is made through ``_threads.blocking``: with the loop lock released, bounded by the
+operation's timeout and the enclosing deadline scopes.  The TLS engine is touched only
+with the loop lock held (an ``SSLObject`` is not thread-safe); TLS writes also hold the
+stream's send lock from taking the engine's output to handing it to the socket, so
+records reach the socket in the order they were made.
+
+Same contract as the async streams: a timeout is ``TimeoutError``, end of stream ``b""``,
+a failure ``OSError``; ``_exceptions.raise_mapped`` turns them into httpx exceptions.
+
+``Connector`` opens them (TCP, Unix sockets, TLS with ALPN), with the async connector's
+settings, trace events, retries and error mapping.  It connects directly only: the proxy
+table the transport reads from the environment (``trust_env``) is kept, and a request the
+environment routes through a proxy is refused with ``httpx.ProxyError`` rather than sent
+direct (``proxy=`` itself is refused by ``BulkheadHTTPTransport``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import threading
+import time
+from typing import Any, Protocol
+
+import httpx
+
+from . import _network, _streams
+from ._config import DEFAULT_PORTS
+from ._exceptions import raise_mapped
+from ._network import SocketOption, set_alpn
+from ._proxy_config import ProxyRoutes
+from ._threads import blocking, sleep
+from ._tls import TLSEngine
+
+__all__ = [
+    "Connector",
+    "NetStream",
+    "Network",
+    "NetworkStream",
+    "SocketOption",
+    "SocketStream",
+    "set_alpn",
+]
+
+TraceFn = Any  # Callable[[str, dict[str, Any]], None]: a sync trace callback
+
+_RECV = 65536
+#: The connect timeout for "no limit" (``create_connection`` needs a number to stay out
+#: of blocking mode).
+_FOREVER = 7 * 24 * 3600.0
+
+
+class NetStream(Protocol):
+    """A connected byte stream (see ``_streams.NetStream``; these methods block)."""
+
+    def receive(self, max_bytes: int, timeout: float | None) -> bytes: ...
+
+    def send(self, data: bytes, timeout: float | None) -> None: ...
+
+    def is_readable(self) -> bool: ...
+
+    @property
+    def alpn(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class SocketStream:
+    """``NetStream`` over a connected socket (see the module docstring)."""
+
+    __slots__ = ("_closed", "_send_lock", "_sock", "_tls")
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._tls: TLSEngine | None = None
+        self._send_lock = threading.Lock()
+        self._closed = False
+
+    def start_tls(self, tls: TLSEngine, timeout: float | None) -> None:
+        """Run the TLS handshake within ``timeout`` seconds; from then on the stream carries
+        plaintext.  Raises ``ssl.SSLError``, ``OSError``, ``TimeoutError``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._tls = tls
+        while not tls.handshake():
+            self._send_raw(tls.outgoing(), _left(deadline))
+            data = blocking(self._recv, _left(deadline))
+            if data:
+                tls.feed(data)
+            else:
+                tls.feed_eof()  # the next handshake step raises
+        self._send_raw(tls.outgoing(), _left(deadline))
+
+    def _recv(self, limit: float | None, max_bytes: int = _RECV) -> bytes:
+        sock = self._sock
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            try:
+                return sock.recv(max_bytes)
+            except BlockingIOError:
+                self._poll(select.POLLIN, deadline)
+
+    def _poll(self, events: int, deadline: float | None) -> None:
+        """Wait until the socket is ready for ``events``; ``TimeoutError`` at ``deadline``."""
+        wait = -1.0 if deadline is None else (deadline - time.monotonic()) * 1000
+        if deadline is not None and wait <= 0:
+            raise TimeoutError
+        fd = self._sock.fileno()
+        if fd < 0:
+            raise ConnectionAbortedError("the connection was closed")
+        poller = select.poll()
+        poller.register(fd, events)
+        if not poller.poll(wait):
+            raise TimeoutError
+
+    def receive(self, max_bytes: int, timeout: float | None) -> bytes:
+        tls = self._tls
+        if tls is None:
+            return blocking(lambda limit: self._recv(limit, max_bytes), timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            data = tls.read_available(max_bytes)
+            outgoing = tls.outgoing()  # a key update or alert the read produced
+            if outgoing:
+                self._send_tls(b"", None, outgoing)
+            if data is not None:
+                return data
+            received = blocking(self._recv, _left(deadline))
+            if received:
+                tls.feed(received)
+            else:
+                tls.feed_eof()
+                return tls.read(max_bytes) or b""
+
+    def send(self, data: bytes, timeout: float | None) -> None:
+        if self._tls is None:
+            self._send_raw(data, timeout)
+        else:
+            self._send_tls(data, timeout, b"")
+
+    def _send_raw(self, data: bytes, timeout: float | None) -> None:
+        if data:
+            blocking(lambda limit: self._sendall(data, limit), timeout)
+
+    def _sendall(self, data: bytes, limit: float | None) -> None:
+        sock = self._sock
+        deadline = None if limit is None else time.monotonic() + limit
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                self._poll(select.POLLOUT, deadline)
+
+    def _send_tls(self, data: bytes, timeout: float | None, pending: bytes) -> None:
+        """Encrypt ``data`` and send it after ``pending`` (already encrypted), in order."""
+        tls = self._tls
+        assert tls is not None
+        # The send lock first (waited for without the loop lock), then the engine's output
+        # (with the loop lock): records go out in the order the engine made them.
+        blocking(self._take_send_lock, None)
+        try:
+            if data:
+                tls.write(data)
+            out = pending + tls.outgoing()
+            if out:
+                blocking(lambda limit: self._sendall(out, limit), timeout)
+        finally:
+            self._send_lock.release()
+
+    def _take_send_lock(self, limit: float | None) -> None:
+        if not self._send_lock.acquire(timeout=-1 if limit is None else limit):
+            raise TimeoutError
+
+    def is_readable(self) -> bool:
+        tls = self._tls
+        if tls is not None and tls.holds_input():
+            return True
+        sock = self._sock
+        if sock.fileno() < 0:
+            return True
+        poller = select.poll()  # not select(): it fails on descriptors >= 1024
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+
+    @property
+    def alpn(self) -> str | None:
+        tls = self._tls
+        return None if tls is None else tls.alpn
+
+    @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        tls = self._tls
+        return None if tls is None else tls.ssl_object
+
+    @property
+    def socket(self) -> socket.socket:
+        return self._sock
+
+    def abort(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close at once; a thread blocked reading it is woken (by the shutdown)."""
+        if self._closed:
+            return
+        self._closed = True
+        sock = self._sock
+        with contextlib.suppress(OSError):  # not connected any more
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+
+def _left(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+class NetworkStream:
+    """``response.extensions["network_stream"]`` of the sync transport: as the async one's
+    (``_streams.NetworkStream``: ``get_extra_info`` only, the rest refused)."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: NetStream) -> None:
+        self._stream = stream
+
+    def get_extra_info(self, info: str) -> Any:
+        stream = self._stream
+        if info == "is_readable":
+            return stream.is_readable()
+        if not isinstance(stream, SocketStream):
+            return None
+        if info == "ssl_object":
+            return stream.ssl_object
+        sock = stream.socket
+        if info == "socket":
+            return sock
+        if info not in ("client_addr", "server_addr"):
+            return None
+        try:  # as the async stream answers
+            address = sock.getsockname() if info == "client_addr" else sock.getpeername()
+        except OSError:  # closed, or the peer is gone
+            return None
+        return address[:2] if isinstance(address, tuple) else address
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        raise RuntimeError(_streams._NOT_YOURS)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        raise RuntimeError(_streams._NOT_YOURS)
+
+    def start_tls(self, *args: Any, **kwargs: Any) -> NetworkStream:
+        raise RuntimeError(_streams._NOT_YOURS)
+
+    def close(self) -> None:
+        raise RuntimeError(_streams._NOT_YOURS)
+
+
+class Network(Protocol):
+    """Opens connections for the sync transport."""
+
+    def connect(
+        self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
+    ) -> NetStream: ...
+
+
+class Connector:
+    """The sync transport's connections: the async ``Connector``'s settings (held, not
+    copied), opened with blocking sockets.  Raises ``httpx.ConnectError`` and
+    ``httpx.ConnectTimeout``."""
+
+    __slots__ = ("_config",)
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext,
+        local_address: str | None = None,
+        uds: str | None = None,
+        socket_options: tuple[SocketOption, ...] = (),
+        retries: int = 0,
+        proxies: ProxyRoutes = _network._NO_PROXIES,
+        proxy_ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._config = _network.Connector(
+            ssl_context, local_address, uds, socket_options, retries, proxies, proxy_ssl_context
+        )
+
+    def connect(
+        self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
+    ) -> SocketStream:
+        """Open a stream to the request's origin (TLS for https), retrying as configured,
+        with the async connector's trace events.  Raises ``httpx.ProxyError`` when the
+        environment's proxy table (``trust_env``) routes the request through a proxy: this
+        connector cannot, and going direct instead would bypass the proxy silently."""
+        proxy = self._config.proxy_for(request.url)
+        if proxy is not None:
+            raise httpx.ProxyError(
+                f"the environment (trust_env) routes {request.url.scheme}://"
+                f"{request.url.netloc.decode('ascii')} through the proxy {proxy.url};"
+                " BulkheadHTTPTransport does not connect through proxies: use BulkheadTransport"
+                " with httpx.AsyncClient, exempt the host with NO_PROXY, or pass"
+                " trust_env=False",
+                request=request,
+            )
+        retries = self._config.retries
+        for attempt in range(retries + 1):
+            try:
+                return self._connect_once(request, timeout=timeout, trace=trace)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                if attempt >= retries:
+                    raise
+                delay = 0.0 if attempt == 0 else 0.5 * 2 ** (attempt - 1)
+                if trace is not None:
+                    trace("connection.retry.started", {"delay": delay})
+                sleep(delay)
+                if trace is not None:
+                    trace("connection.retry.complete", {"return_value": None})
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _connect_once(
+        self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
+    ) -> SocketStream:
+        config = self._config
+        url = request.url
+        host = url.raw_host.decode("ascii")
+        port = url.port or DEFAULT_PORTS[url.scheme]
+        sni = request.extensions.get("sni_hostname") or host
+        deadline = None if timeout is None else time.monotonic() + timeout
+        step = "connect_tcp" if config.uds is None else "connect_unix_socket"
+        stream: SocketStream | None = None
+        try:
+            if trace is not None:
+                trace(f"connection.{step}.started", config._connect_info(host, port, timeout))
+            stream = SocketStream(blocking(lambda limit: self._open(host, port, limit), timeout))
+            if trace is not None:
+                trace(f"connection.{step}.complete", {"return_value": NetworkStream(stream)})
+            if url.scheme == "https":
+                step = "start_tls"
+                if trace is not None:
+                    info = {"ssl_context": config.ssl_context, "server_hostname": sni}
+                    trace("connection.start_tls.started", {**info, "timeout": timeout})
+                stream.start_tls(TLSEngine(config.ssl_context, sni), _left(deadline))
+                if trace is not None:
+                    trace("connection.start_tls.complete", {"return_value": NetworkStream(stream)})
+            return stream
+        except BaseException as exc:
+            if stream is not None:
+                stream.close()
+            if not isinstance(exc, Exception):
+                raise
+            try:
+                raise_mapped(exc, "connect", request)
+            except httpx.TransportError as mapped:
+                if trace is not None:
+                    trace(f"connection.{step}.failed", {"exception": mapped})
+                raise
+
+    def _open(self, host: str, port: int, limit: float | None) -> socket.socket:
+        config = self._config
+        if config.uds is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(_FOREVER if limit is None else limit)
+                sock.connect(config.uds)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            local = None if config.local_address is None else (config.local_address, 0)
+            wait = _FOREVER if limit is None else limit
+            sock = socket.create_connection((host, port), wait, source_address=local)
+        try:
+            config._apply_socket_options(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return sock

@@ -1,0 +1,499 @@
+"""Threads as callers: the sync shell's loop lock, its waiting primitives and its timers.
+
+Theory of operation
+-------------------
+The sync shell (``_sync/``) is generated from the async one, whose invariants were reasoned
+for one event loop: code between two awaits runs alone.  A sync transport keeps that
+property with one ``LoopLock`` (owned by its ``Timers``): a thread runs transport code
+only while holding it, and releases it exactly where the async code would await something
+that waits: socket I/O, a wait for a slot, a connection or an HTTP/2 stream's frame, a
+sleep, and user code that may block (a request body's iterator).  So the pure core
+(``Limiter``, ``Pool``, routing, h2's state) needs no lock of its own, a decision and the
+I/O it calls for are separated as on the loop, and no lock is ever held across I/O: a
+thread blocked on a slow dependency holds nothing.  The lock guards microseconds of
+decision code (Python's GIL serializes that work anyway).
+
+Entry points (``LoopLock.run``): the transport's ``handle_request``, ``close`` and
+``statistics``, a response stream's iteration and ``close``, and the timer thread.  A
+thread already holding the lock (a trace callback asking for ``statistics()``) re-enters.
+
+Waiting: ``Event`` (one per waiter: the slot and connection queues stay FIFO with no
+barging, as ``Limiter`` and ``Pool`` grant before waking), ``Lock`` (HTTP/2 writes),
+``sleep``, and ``blocking`` for socket calls, each releasing the loop lock while it waits
+and taking it back before returning or raising, even when ``KeyboardInterrupt`` lands in
+between (the interrupt is raised once the lock is held again, so the caller's cleanup,
+which gives a slot back or leaves the queue, runs as the async code's does on
+cancellation).
+
+Deadlines: ``fail_after``, ``move_on_after`` and ``CancelScope(shield=True)`` behave as
+anyio's, per thread: a scope's deadline bounds every wait made inside it; when it passes,
+the wait raises ``Expired`` (a ``BaseException``, as a cancellation is) which the scope
+that set the deadline turns into ``TimeoutError`` (``fail_after``) or swallows
+(``move_on_after``); a shielded scope hides the deadlines of the scopes around it.
+
+Timers: one thread per transport, started on demand, runs callbacks (idle sweeps, response
+deadlines, responses the garbage collector freed) under the loop lock.  It exits when
+nothing is scheduled (so an unclosed transport leaves no thread behind once its pool is
+empty) and ``close()`` stops and joins it: no thread of the transport outlives ``close()``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+__all__ = [
+    "CancelScope",
+    "Event",
+    "Expired",
+    "Lock",
+    "LoopLock",
+    "TimerHandle",
+    "Timers",
+    "blocking",
+    "fail_after",
+    "iterate_unlocked",
+    "move_on_after",
+    "sleep",
+]
+
+T = TypeVar("T")
+Callback = Callable[[], None]
+
+logger = logging.getLogger("httpx_bulkhead")
+
+_local = threading.local()
+#: Shortest wait handed to a socket: ``settimeout(0)`` would mean non-blocking instead.
+_MIN_WAIT = 1e-6
+
+
+# -- the loop lock ---------------------------------------------------------------------------
+class LoopLock:
+    """Held by a thread while it runs transport code (see the module docstring)."""
+
+    __slots__ = ("_lock", "_owner")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def held(self) -> bool:
+        """Whether the calling thread holds it."""
+        return self._owner == threading.get_ident()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` holding the lock (re-entrant for the thread holding it)."""
+        if self._owner == threading.get_ident():
+            return fn(*args)
+        previous = getattr(_local, "lock", None)
+        self.acquire()
+        _local.lock = self
+        try:
+            return fn(*args)
+        finally:
+            _local.lock = previous
+            self.release()
+
+    def try_run(self, fn: Callable[[], T], timeout: float) -> tuple[bool, T | None]:
+        """Like ``run``, giving up after ``timeout`` seconds: ``(False, None)``."""
+        if self._owner == threading.get_ident():
+            return True, fn()
+        if not self._lock.acquire(timeout=timeout):
+            return False, None
+        self._owner = threading.get_ident()
+        previous = getattr(_local, "lock", None)
+        _local.lock = self
+        try:
+            return True, fn()
+        finally:
+            _local.lock = previous
+            self.release()
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+def _release() -> LoopLock | None:
+    """Let go of the loop lock this thread holds (if any) before it waits."""
+    lock: LoopLock | None = getattr(_local, "lock", None)
+    if lock is None or lock._owner != threading.get_ident():
+        return None
+    lock.release()
+    return lock
+
+
+def _reacquire(lock: LoopLock | None) -> None:
+    """Take the loop lock back; an interrupt meanwhile is raised once it is held."""
+    if lock is None:
+        return
+    pending: BaseException | None = None
+    while True:
+        try:
+            lock.acquire()
+            break
+        except BaseException as exc:  # KeyboardInterrupt: hold the lock first
+            pending = exc
+    if pending is not None:
+        raise pending
+
+
+# -- deadlines (anyio's cancel scopes, per thread) -------------------------------------------
+class Expired(BaseException):
+    """A scope's deadline passed during a wait (caught by that scope).  A
+    ``BaseException``, as anyio's cancellation is: only cleanup code sees it."""
+
+    def __init__(self, scope: CancelScope) -> None:
+        super().__init__()
+        self.scope = scope
+
+
+class CancelScope:
+    """A deadline (``time.monotonic()`` instant) for the waits made inside it; ``shield``
+    hides the deadlines of the scopes around it."""
+
+    __slots__ = ("cancelled_caught", "deadline", "shield")
+
+    def __init__(self, *, deadline: float = math.inf, shield: bool = False) -> None:
+        self.deadline = deadline
+        self.shield = shield
+        self.cancelled_caught = False
+
+    def __enter__(self) -> CancelScope:
+        _scopes().append(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        stack = _scopes()
+        stack.remove(self)
+        if isinstance(exc, Expired) and exc.scope is self:
+            self.cancelled_caught = True
+            return True
+        return False
+
+
+class _FailAfter:
+    """``fail_after``'s scope: its deadline passing raises ``TimeoutError``."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, scope: CancelScope) -> None:
+        self._scope = scope
+
+    def __enter__(self) -> CancelScope:
+        return self._scope.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._scope.__exit__(exc_type, exc, tb):
+            raise TimeoutError
+
+
+def _scopes() -> list[CancelScope]:
+    stack: list[CancelScope] | None = getattr(_local, "scopes", None)
+    if stack is None:
+        stack = _local.scopes = []
+    return stack
+
+
+def fail_after(delay: float | None, shield: bool = False) -> _FailAfter:
+    """A scope that raises ``TimeoutError`` when ``delay`` seconds pass (``None``: never)."""
+    deadline = math.inf if delay is None else time.monotonic() + delay
+    return _FailAfter(CancelScope(deadline=deadline, shield=shield))
+
+
+def move_on_after(delay: float | None, shield: bool = False) -> CancelScope:
+    """A scope whose block is left quietly when ``delay`` seconds pass."""
+    deadline = math.inf if delay is None else time.monotonic() + delay
+    return CancelScope(deadline=deadline, shield=shield)
+
+
+def _deadline() -> tuple[float, CancelScope | None]:
+    """The earliest deadline that applies to this thread's next wait, and its scope."""
+    stack: list[CancelScope] | None = getattr(_local, "scopes", None)
+    best, owner = math.inf, None
+    if stack:
+        for scope in reversed(stack):
+            if scope.deadline < best:
+                best, owner = scope.deadline, scope
+            if scope.shield:
+                break
+    return best, owner
+
+
+# -- waiting -----------------------------------------------------------------------------------
+def blocking(call: Callable[[float | None], T], timeout: float | None) -> T:
+    """``call(limit)`` with the loop lock released, where ``limit`` is the shorter of
+    ``timeout`` and the enclosing scopes' deadline (``None``: no limit).  ``call`` raises
+    ``TimeoutError`` when ``limit`` passes; that becomes ``Expired`` if a scope's deadline
+    was the limit."""
+    deadline, scope = _deadline()
+    limit = timeout
+    by_scope = False
+    if scope is not None:
+        left = deadline - time.monotonic()
+        if limit is None or left < limit:
+            limit, by_scope = left, True
+            if left <= 0:
+                raise Expired(scope)
+    if limit is not None and limit < _MIN_WAIT:
+        limit = _MIN_WAIT
+    lock = _release()
+    try:
+        return call(limit)
+    except TimeoutError:
+        if by_scope and scope is not None:
+            raise Expired(scope) from None
+        raise
+    finally:
+        _reacquire(lock)
+
+
+class Event:
+    """anyio's ``Event`` for threads: ``wait()`` releases the loop lock while it waits."""
+
+    __slots__ = ("_flag",)
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+
+    def set(self) -> None:
+        self._flag.set()
+
+    def is_set(self) -> bool:
+        return self._flag.is_set()
+
+    def wait(self) -> None:
+        if not self._flag.is_set():
+            blocking(self._wait, None)
+
+    def _wait(self, limit: float | None) -> None:
+        if not self._flag.wait(limit):
+            raise TimeoutError
+
+
+class Lock:
+    """anyio's ``Lock`` for threads holding the loop lock: FIFO, handed over on release."""
+
+    __slots__ = ("_locked", "_waiters")
+
+    def __init__(self) -> None:
+        self._locked = False
+        self._waiters: deque[Event] = deque()
+
+    def __enter__(self) -> None:
+        if not self._locked:
+            self._locked = True
+            return
+        event = Event()
+        self._waiters.append(event)
+        try:
+            event.wait()
+        except BaseException:
+            if event.is_set():
+                self._release()  # handed over as we left: pass it on
+            else:
+                self._waiters.remove(event)
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()  # still locked: now the next waiter's
+        else:
+            self._locked = False
+
+
+def sleep(delay: float) -> None:
+    """Sleep ``delay`` seconds with the loop lock released (within the scopes' deadline)."""
+
+    def pause(limit: float | None) -> None:
+        seconds = delay if limit is None else min(delay, limit)
+        time.sleep(max(0.0, seconds))
+        if seconds < delay:
+            raise TimeoutError
+
+    blocking(pause, None)
+
+
+class _Unlocked(Iterator[T]):
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Iterator[T]) -> None:
+        self._inner = inner
+
+    def __next__(self) -> T:
+        lock = _release()
+        try:
+            return next(self._inner)
+        finally:
+            _reacquire(lock)
+
+    def close(self) -> None:
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            close()
+
+
+def iterate_unlocked(iterable: Iterable[T]) -> Iterator[T]:
+    """Iterate user code (a request body) with the loop lock released: it may block."""
+    return _Unlocked(iter(iterable))
+
+
+# -- timers ------------------------------------------------------------------------------------
+class TimerHandle:
+    """A scheduled callback; ``cancel()`` makes it a no-op (idempotent)."""
+
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callback) -> None:
+        self.when = when  # time.monotonic() instant
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Timers:
+    """A sync transport's loop lock, timers and hand-offs (see the module docstring)."""
+
+    __slots__ = ("_closed", "_cond", "_heap", "_ready", "_seq", "_thread", "lock")
+
+    def __init__(self) -> None:
+        self.lock = LoopLock()
+        # Guards the fields below only.  Re-entrant: the garbage collector may run a
+        # response's ``__del__`` (which calls ``call_soon_threadsafe``) inside a block.
+        self._cond = threading.Condition(threading.RLock())
+        self._heap: list[tuple[float, int, TimerHandle]] = []
+        self._ready: deque[TimerHandle] = deque()
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def call_later(self, delay: float, callback: Callback) -> TimerHandle:
+        """Run ``callback`` under the loop lock in ``delay`` seconds (soon if ``<= 0``)."""
+        handle = TimerHandle(time.monotonic() + max(0.0, delay), callback)
+        with self._cond:
+            if self._closed:
+                handle.cancelled = True
+                return handle
+            heap = self._heap
+            if len(heap) > 64 and len(heap) > 2 * sum(1 for e in heap if not e[2].cancelled):
+                heap[:] = [e for e in heap if not e[2].cancelled]  # amortized compaction
+                heapq.heapify(heap)
+            heapq.heappush(heap, (handle.when, next(self._seq), handle))
+            if not self._wake():
+                handle.cancelled = True
+        return handle
+
+    def call_soon_threadsafe(self, callback: Callback) -> bool:
+        """Run ``callback`` under the loop lock soon, from any thread (and ``__del__``);
+        false when the transport is closed (the caller then acts directly)."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._ready.append(TimerHandle(0.0, callback))
+            return self._wake()
+
+    def run_in_loop(self, fn: Callable[[], T], timeout: float) -> tuple[bool, T | None]:
+        """``fn()`` under the loop lock, waiting at most ``timeout`` seconds for it;
+        ``(False, None)`` if it did not come."""
+        return self.lock.try_run(fn, timeout)
+
+    @property
+    def bound(self) -> bool:
+        return True
+
+    def bind(self) -> None:
+        """Nothing to bind to: every thread may call."""
+
+    def close(self) -> None:
+        """Stop: pending callbacks never run; the timer thread is joined."""
+        with self._cond:
+            self._closed = True
+            self._heap.clear()
+            self._ready.clear()
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            lock = _release()  # it may be waiting for the loop lock to see that it is closed
+            try:
+                thread.join()
+            finally:
+                _reacquire(lock)
+
+    # -- internals -----------------------------------------------------------------------
+    def _wake(self) -> bool:
+        """(With ``_cond`` held.)  Make the timer thread look again, starting it if need be."""
+        if self._thread is not None:
+            self._cond.notify()
+            return True
+        thread = threading.Thread(target=self._serve, name="httpx_bulkhead timers", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # interpreter shutting down
+            return False
+        self._thread = thread
+        return True
+
+    def _next(self) -> TimerHandle | None:
+        """The next callback due, waiting for it; ``None``: closed, or nothing scheduled."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    self._thread = None
+                    return None
+                if self._ready:
+                    return self._ready.popleft()
+                heap = self._heap
+                while heap and heap[0][2].cancelled:
+                    heapq.heappop(heap)
+                if not heap:
+                    self._thread = None  # idle: the next timer starts a new thread
+                    return None
+                delay = heap[0][0] - time.monotonic()
+                if delay <= 0:
+                    return heapq.heappop(heap)[2]  # (``_run`` sees a late cancel())
+                self._cond.wait(delay)
+
+    def _serve(self) -> None:
+        while (handle := self._next()) is not None:
+            self.lock.run(self._run, handle)
+
+    def _run(self, handle: TimerHandle) -> None:
+        if self._closed or handle.cancelled:
+            return
+        handle.cancelled = True  # fired: cancel() is now a no-op
+        try:
+            handle.callback()
+        except Exception:  # a bug of ours: report it, keep the timers alive
+            logger.exception("httpx_bulkhead: a timer callback failed")
