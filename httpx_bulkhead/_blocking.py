@@ -187,12 +187,7 @@ class SocketStream:
         tls = self._tls
         if tls is not None and tls.holds_input():
             return True
-        sock = self._sock
-        if sock.fileno() < 0:
-            return True
-        poller = select.poll()  # not select(): it fails on descriptors >= 1024
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        return bool(poller.poll(0))
+        return _streams.socket_readable(self._sock)
 
     @property
     def alpn(self) -> str | None:

@@ -125,11 +125,9 @@ async def connect_via(
                 sni = request.extensions.get("sni_hostname") or host
                 engine = TLSEngine(connector.ssl_context, sni)
                 context = connector.ssl_context
-                if spec.kind is ProxyKind.HTTPS:
+                if spec.kind is ProxyKind.HTTPS:  # the target's TLS inside the proxy's
                     stream = StackedTLSStream(stream, engine)
-                    await _start_tls(stream, engine, trace, context, timeout)
-                else:
-                    await _start_tls(stream, engine, trace, context, timeout)
+                await _start_tls(stream, engine, trace, context, timeout)
             return stream
     except BaseException as exc:
         if stream is not None:

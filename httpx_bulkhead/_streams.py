@@ -36,7 +36,24 @@ import anyio.abc
 
 from ._tls import TLSEngine
 
-__all__ = ["AnyioStream", "AsyncioStream", "NetStream", "NetworkStream", "StreamProtocol"]
+__all__ = [
+    "AnyioStream",
+    "AsyncioStream",
+    "NetStream",
+    "NetworkStream",
+    "StreamProtocol",
+    "socket_readable",
+]
+
+
+def socket_readable(sock: socket.socket) -> bool:
+    """Whether a read on ``sock`` would not block now: bytes, EOF, an error, or closed."""
+    if sock.fileno() < 0:
+        return True
+    poller = select.poll()  # not select(): it fails on descriptors >= 1024
+    poller.register(sock, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
 
 #: Buffered bytes above which we stop reading from the socket (back-pressure to the peer).
 _HIGH_WATER = 256 * 1024
@@ -369,11 +386,7 @@ class AnyioStream:
         if tls is not None and tls.holds_input():
             return True
         sock = self._sock
-        if sock is None or sock.fileno() < 0:
-            return True
-        poller = select.poll()  # not select(): it fails on descriptors >= 1024
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        return bool(poller.poll(0))
+        return sock is None or socket_readable(sock)
 
     @property
     def alpn(self) -> str | None:
