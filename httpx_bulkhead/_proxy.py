@@ -159,7 +159,8 @@ class ConnectHandshake:
 
     def _answered(self, event: h11.Response) -> bool:
         self.status = event.status_code
-        self.reason = event.reason.decode("latin-1", "replace")
+        # The proxy's own bytes: control characters escaped (they reach logs and terminals).
+        self.reason = event.reason.decode("latin-1").encode("unicode_escape").decode("ascii")
         if not 200 <= self.status < 300:
             raise httpx.ProxyError(
                 f"proxy {self._proxy} refused the tunnel to {self._authority}:"

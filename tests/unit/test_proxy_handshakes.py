@@ -92,6 +92,9 @@ def test_a_2xx_opens_the_tunnel_and_keeps_what_follows_it() -> None:
         (b"HTTP/1.0 502 Bad Gateway\r\n\r\nbody", ": 502 Bad Gateway"),
         (b"HTTP/1.1 502 \r\n\r\n", ": 502"),
         (b"HTTP/1.1 301 Moved\r\nLocation: x\r\n\r\n", ": 301 Moved"),
+        # A hostile proxy's control characters are escaped (messages reach logs, terminals).
+        (b"HTTP/1.1 407 Bad\x1b[31mred\r\n\r\n", ": 407 Bad\\x1b[31mred"),
+        (b"HTTP/1.1 403 caf\xe9\r\n\r\n", ": 403 caf\\xe9"),
     ],
 )
 def test_a_refusal_names_the_proxy_the_target_the_status_and_the_reason(
