@@ -15,7 +15,9 @@ capacity comes back within one lease time), and waiting processes that stopped r
 their place (a killed waiter cannot block the line).
 
 **ACQUIRE** admits a lease when ``used < limit`` *and* fewer processes wait ahead of the
-caller than there are free leases.  A process's place is the time its wait began: a
+caller than there are free leases.  A process's place is the time its wait began (two
+that began in the same millisecond are ordered by process id, so the line is a total
+order and exactly one of them is first): a
 refused process enters the line (or keeps its place, refreshing its lapse time); an
 admitted one leaves it, or, if it has more requests waiting, re-enters at the back.  So
 free capacity goes round-robin to the processes waiting longest, one lease per turn: a
@@ -75,9 +77,9 @@ if redis.call('EXISTS', KEYS[3]) == 1 then  -- somebody waits (the usual case: n
     redis.call('ZREM', KEYS[2], gone[i])
     redis.call('ZREM', KEYS[3], gone[i])
   end
-  since = redis.call('ZSCORE', KEYS[2], ARGV[4])
+  since = redis.call('ZRANK', KEYS[2], ARGV[4])  -- ties (one ms) go by process id
   if since then
-    ahead = redis.call('ZCOUNT', KEYS[2], '-inf', '(' .. since)
+    ahead = since
   else
     ahead = redis.call('ZCARD', KEYS[2])
   end

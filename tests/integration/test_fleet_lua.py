@@ -67,9 +67,13 @@ class Scripts:
 
 
 def admits(limit: int, used: int, line: dict[str, float], process: str) -> bool:
-    """The rule: capacity is free, and fewer processes wait ahead than leases are free."""
+    """The rule: capacity is free, and fewer processes wait ahead than leases are free.
+    A place is (since when, process id): the id orders two that began in one millisecond."""
     since = line.get(process)
-    ahead = len(line) if since is None else sum(1 for s in line.values() if s < since)
+    if since is None:
+        ahead = len(line)
+    else:
+        ahead = sum(1 for p, s in line.items() if (s, p) < (since, process))
     return used < limit and ahead < limit - used
 
 
@@ -152,6 +156,23 @@ def test_expired_leases_and_lapsed_places_are_dropped(scripts: Scripts) -> None:
     assert verdicts[0] == 0 and verdicts[-1] == 1
     assert scripts.line() == {}  # x lapsed, y left the line when admitted
     assert scripts.client.zcard(scripts.leases) == 1
+
+
+def test_two_that_joined_in_one_millisecond_are_not_both_first(scripts: Scripts) -> None:
+    """Redis's clock is in ms, so two processes can join the line with one score; the
+    line is still a total order (the process id breaks the tie): with one lease free,
+    exactly one of them is admitted, and the other stays first for the next."""
+    assert scripts.acquire(1, "a:1", "a", more=False)[0] == 1
+    assert scripts.acquire(1, "q:1", "q", more=False)[0] == 0
+    assert scripts.acquire(1, "p:1", "p", more=False)[0] == 0
+    since = scripts.line()["q"]
+    scripts.client.zadd(scripts.waiters, {"p": since, "q": since})  # one millisecond
+    scripts.release(["a:1"])
+    assert scripts.acquire(1, "q:2", "q", more=False)[0] == 0  # p is ahead on the tie
+    assert scripts.acquire(1, "p:2", "p", more=False)[0] == 1
+    assert scripts.line() == {"q": since}
+    scripts.release(["p:2"])
+    assert scripts.acquire(1, "q:3", "q", more=False)[0] == 1
 
 
 def test_keys_expire_with_their_last_entry(scripts: Scripts) -> None:
