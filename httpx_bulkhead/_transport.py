@@ -7,10 +7,11 @@ import ssl
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import NoReturn
 
+import anyio
 import httpx
 
 from ._codec import check_parser
@@ -209,8 +210,12 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         return await compartment.handle(request, origin)
 
     async def _retire(self) -> None:
-        """Close what the router evicted and keep its counters."""
+        """Close what the router evicted and keep its counters.  The router no longer holds
+        them, so nobody else would close them: every one is retired before the first await,
+        and their closing is shielded from the caller's cancellation (it is bounded: the
+        connections are aborted first, a fleet's Redis calls have ``redis_timeout``)."""
         retired, self._router.retired = self._router.retired, []
+        closings: list[Awaitable[None]] = []
         for compartment in retired:
             closing = compartment.retire()
             # After ``retire``: the idle connections it closes count as ``closed``.
@@ -223,7 +228,10 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                 reason="max_default_compartments",
             )
             if closing is not None:
-                await closing
+                closings.append(closing)
+        with anyio.CancelScope(shield=True):
+            for finishing in closings:
+                await finishing
 
     def statistics(self) -> dict[str, CompartmentStats]:
         """A snapshot of every compartment, by name (see ``CompartmentStats``), plus

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import NoReturn
 
+from .. import _threads
 import httpx
 
 from .._codec import check_parser
@@ -203,8 +204,12 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
         return compartment.handle(request, origin)
 
     def _retire(self) -> None:
-        """Close what the router evicted and keep its counters."""
+        """Close what the router evicted and keep its counters.  The router no longer holds
+        them, so nobody else would close them: every one is retired before the first await,
+        and their closing is shielded from the caller's cancellation (it is bounded: the
+        connections are aborted first, a fleet's Redis calls have ``redis_timeout``)."""
         retired, self._router.retired = self._router.retired, []
+        closings: list[None] = []
         for compartment in retired:
             closing = compartment.retire()
             # After ``retire``: the idle connections it closes count as ``closed``.
@@ -217,7 +222,10 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
                 reason="max_default_compartments",
             )
             if closing is not None:
-                closing
+                closings.append(closing)
+        with _threads.CancelScope(shield=True):
+            for finishing in closings:
+                finishing
 
     def statistics(self) -> dict[str, CompartmentStats]:
         """A snapshot of every compartment, by name (see ``CompartmentStats``), plus

@@ -530,6 +530,40 @@ async def test_an_evicted_compartment_closes_its_limiter_and_keeps_its_counters(
     assert int(redis.zcard(f"{key}:leases")) == 0
 
 
+async def test_a_request_cancelled_as_it_evicts_still_closes_the_evicted_compartment(
+    shared_redis: RedisServer, unique: Callable[[str], str], app: TestApp
+) -> None:
+    """The request whose new origin evicts a compartment closes it (its connections, its
+    fleet limiter's Redis connections) even when that request is cancelled meanwhile: the
+    evicted compartment is out of the router, so nobody else would close it."""
+    redis = shared_redis.client()
+    key = unique("fleet-evict-cancel")
+    config = RedisFleetLimit(f"{shared_redis.url}?client_name={key}", key=key, limit=5)
+
+    def ours() -> int:
+        return sum(1 for client in redis.client_list() if client["name"] == key)
+
+    transport = BulkheadTransport(
+        default=Policy(fleet=config, acquire_timeout=DEADLINE), max_default_compartments=1
+    )
+    with HypercornServer(app) as one, HypercornServer(app) as two, HypercornServer(app) as three:
+        async with transport, httpx.AsyncClient(transport=transport) as client:
+            for origin in (one, two):  # one gets a second chance: the bound is passed
+                assert (await client.get(f"{origin.url}/")).status_code == 200
+            await until(lambda: ours() == 4, DEADLINE)  # a command connection, a listener
+            with anyio.CancelScope() as scope:
+                scope.cancel()  # cancelled at its first await: closing the evicted one
+                await transport.handle_async_request(httpx.Request("GET", f"{three.url}/"))
+            assert scope.cancelled_caught
+            stats = transport.statistics()
+            assert one.url not in stats and stats["(evicted)"].fleet_acquired == 1
+            assert stats["(evicted)"].closed == stats["(evicted)"].connections_created == 1
+            await until(lambda: ours() == 2, DEADLINE)  # two's; one's are closed
+            assert (await client.get(f"{three.url}/")).status_code == 200
+    await until(lambda: ours() == 0, DEADLINE)
+    assert int(redis.zcard(f"{key}:leases")) == 0
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_under_trio_the_first_request_says_redis_py_needs_asyncio(
     shared_redis: RedisServer, server: HypercornServer, unique: Callable[[str], str]
