@@ -47,9 +47,11 @@ MODULES = (
     "_exchange",
     "_http11",
     "_http2",
+    "_proxied",
     "_respx",
     "_response",
     "_slots",
+    "_stacked",
     "_trace",
     "_transport",
 )

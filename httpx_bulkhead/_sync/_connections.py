@@ -36,7 +36,7 @@ from ._http11 import HTTP11Connection
 from .._log import debug, log_debug, log_warning
 from .._blocking import Network
 from .._pool import Discard, Grant, Pool, PoolEntry, PoolWaiter
-from .._proxied import forwards
+from ._proxied import forwards
 from ._slots import acquire_timeout
 from .._blocking import NetStream
 from .._threads import TimerHandle, Timers

@@ -22,7 +22,7 @@ from .._events import Events, Listener
 from .._exceptions import TransportClosed
 from .._log import log_debug
 from .._blocking import Connector, Network, SocketOption, set_alpn
-from .._proxied import proxy_ssl_context
+from ._proxied import proxy_ssl_context
 from .._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from .._routing import Router
