@@ -420,6 +420,51 @@ async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
         agree(transport)
 
 
+@pytest.mark.parametrize("kind", ["forward", "tunnel"])
+async def test_32_callers_on_each_of_two_targets_behind_one_proxy(
+    papp: TestApp, kind: str, unique: Callable[[str], str], flavour: Flavour
+) -> None:
+    """Where concurrency matters (sync: 64 worker threads): 32 callers on a slow target
+    (parked at a gate) and 32 on a fast one, through one proxy.  All the fast ones complete
+    while the slow ones are parked; the proxy never holds more connections to a target
+    than its compartment's limit; once the gate opens, the slow ones complete too."""
+    gate = papp.gate(unique("slow32"))
+    tls = default_server_tls() if kind == "tunnel" else None
+    with (
+        HypercornServer(papp, tls=tls) as slow,
+        HypercornServer(papp, tls=tls) as fast,
+        FaultProxy() as proxy,
+    ):
+        slow_key, fast_key = f"127.0.0.1:{slow.port}", f"127.0.0.1:{fast.port}"
+        limits = Policy(max_concurrency=4, max_pending=32)
+        transport = trusting(flavour, proxy=proxy.url, hosts={slow_key: limits, fast_key: limits})
+        stats = transport.statistics
+        answers: list[str] = []
+
+        async def fast_call() -> None:
+            answers.append((await client.get(f"{fast.url}/")).text)
+
+        async with client_for(transport, timeout=TIMEOUT) as client:
+            async with anyio.create_task_group() as tg:
+                for _ in range(32):
+                    tg.start_soon(client.get, f"{slow.url}/gate/{gate.name}")
+                await gate.until_entered(4)
+                await until(lambda: stats()[slow_key].waiting == 28)
+                async with anyio.create_task_group() as fast_tg:
+                    for _ in range(32):
+                        fast_tg.start_soon(fast_call)
+                assert answers == ["hello"] * 32
+                assert gate.entered == 4 and stats()[slow_key].running == 4
+                gate.open()
+        assert proxy.ledger.stats(slow_key).peak <= 4
+        assert 1 <= proxy.ledger.stats(fast_key).peak <= 4
+        s = stats()
+        assert (s[slow_key].completed, s[fast_key].completed) == (32, 32)
+        assert (s[slow_key].failed, s[fast_key].failed) == (0, 0)
+        assert (s[fast_key].rejected, s[fast_key].acquire_timeouts) == (0, 0)
+        agree(transport)
+
+
 async def test_request_timeout_through_a_tunnel_discards_the_connection(
     papp: TestApp,
     egress: ProxyEgress,
