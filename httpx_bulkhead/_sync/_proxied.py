@@ -2,9 +2,9 @@
 # Change the async module and run `python scripts/unasync.py`.
 """Connecting through a proxy: the connector's path when ``ProxyRoutes`` names one.
 
-This module is the async shell's; ``scripts/unasync.py`` generates the sync transport's
-twin (``_sync/_proxied.py``), as it does ``_stacked``: one dial path for both.  The
-handshakes themselves are sans-I/O (``_proxy``), shared as they are.
+One dial path for both transports: ``scripts/unasync.py`` generates the sync twin
+(``_sync/_proxied.py``) from the async module, as it does ``_stacked``; the handshakes
+themselves are sans-I/O (``_proxy``), shared as they are.
 
 Theory of operation
 -------------------

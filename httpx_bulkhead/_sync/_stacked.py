@@ -11,7 +11,7 @@ them again for the proxy).  Socket-level streams keep their own, cheaper, TLS pa
 Invariants: ``is_readable`` is true when either layer holds bytes from the peer nobody read
 (the inner engine's buffers or anything the outer stream holds), so the stale-byte check
 of an idle connection holds through the proxy too.  Cancelling a ``receive`` loses
-nothing: bytes read from the outer stream are fed to the engine before the next await.
+nothing: bytes read from the outer stream are fed to the engine before the next wait.
 """
 
 from __future__ import annotations
