@@ -3,6 +3,7 @@
 
     python -m benchmarks.proxy                  # about 30 s
     python -m benchmarks.proxy --rounds 20 --requests 400
+    python -m benchmarks.proxy --sync           # the sync transports (httpx.Client's)
 
 Everything but the client runs in other processes, so ``time.process_time()`` of this one
 is the client's cost: Debian's tinyproxy, chained to our SOCKS5 egress
@@ -19,6 +20,9 @@ Cases:
   (for both transports).
 * ``isolation``: the README's isolation scenario through the proxy (tunnels): a fast host
   beside a slow one, 10 connections in all, with and without the proxy.
+
+``--sync`` measures ``BulkheadHTTPTransport(proxy=...)`` against
+``httpx.HTTPTransport(proxy=...)`` instead (the CPU table only, one calling thread).
 
 Each round measures both transports on each case, alternating which goes first; the
 result is the median over rounds of ``bulkhead / default`` CPU per request, in the same
@@ -40,11 +44,12 @@ import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from benchmarks.harness import NodeServer
-from httpx_bulkhead import BulkheadTransport, Policy
+from httpx_bulkhead import BulkheadHTTPTransport, BulkheadTransport, Policy
 from tests.servers.proxies import TinyProxy
 from tests.servers.tls import default_server_tls
 
@@ -106,6 +111,16 @@ async def per_request(transport: httpx.AsyncBaseTransport, url: str, n: int) -> 
     return (time.process_time() - start) / n
 
 
+def per_request_sync(transport: httpx.BaseTransport, url: str, n: int) -> float:
+    """``per_request`` for a sync transport."""
+    start = time.process_time()
+    for _ in range(n):
+        response = transport.handle_request(httpx.Request("GET", url))
+        response.read()
+        response.close()
+    return (time.process_time() - start) / n
+
+
 async def measure(proxy: str, urls: dict[str, str], rounds: int, requests: int) -> None:
     tls = default_server_tls()
     ours = BulkheadTransport(proxy=proxy, verify=tls.client_ssl_context())
@@ -126,7 +141,40 @@ async def measure(proxy: str, urls: dict[str, str], rounds: int, requests: int) 
                 cpu.setdefault((case, name), []).append(value)
     await ours.aclose()
     await theirs.aclose()
-    stats = ours.statistics()
+    _table(ours.statistics(), urls, rounds, ratios, cpu)
+
+
+def measure_sync(proxy: str, urls: dict[str, str], rounds: int, requests: int) -> None:
+    """``measure`` for the sync transports, from one thread."""
+    tls = default_server_tls()
+    ours = BulkheadHTTPTransport(proxy=proxy, verify=tls.client_ssl_context())
+    theirs = httpx.HTTPTransport(proxy=proxy, verify=tls.client_ssl_context())
+    contestants: dict[str, httpx.BaseTransport] = {"bulkhead": ours, "default": theirs}
+    sizes = {"CONNECT, keep-alive": requests, "forwarded": max(20, requests // 8)}
+    for transport in contestants.values():
+        for url in urls.values():
+            per_request_sync(transport, url, 5)
+    ratios: dict[str, list[float]] = {case: [] for case in urls}
+    cpu: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        for case, url in urls.items():
+            order = list(contestants) if r % 2 == 0 else list(reversed(contestants))
+            got = {name: per_request_sync(contestants[name], url, sizes[case]) for name in order}
+            ratios[case].append(got["bulkhead"] / got["default"])
+            for name, value in got.items():
+                cpu.setdefault((case, name), []).append(value)
+    ours.close()
+    theirs.close()
+    _table(ours.statistics(), urls, rounds, ratios, cpu)
+
+
+def _table(
+    stats: dict[str, Any],
+    urls: dict[str, str],
+    rounds: int,
+    ratios: dict[str, list[float]],
+    cpu: dict[tuple[str, str], list[float]],
+) -> None:
     print(f"\nclient CPU per request through tinyproxy, median of {rounds} rounds")
     print(f"  {'case':22} {'bulkhead':>12} {'default':>12} {'bulkhead/default':>18}")
     for case in urls:
@@ -224,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--slow-ms", type=int, default=1000, help="the slow host's latency")
+    parser.add_argument("--sync", action="store_true", help="the sync transports' CPU table")
     args = parser.parse_args(argv)
     node = shutil.which("node")
     if node is None or shutil.which("tinyproxy") is None:
@@ -242,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                 "CONNECT, keep-alive": f"https://127.0.0.1:{https_port}/",
                 "forwarded": plain.url(),
             }
+            if args.sync:
+                measure_sync(proxy.url, urls, args.rounds, args.requests)
+                return 0
             asyncio.run(measure(proxy.url, urls, args.rounds, args.requests))
             asyncio.run(measure_isolation(proxy.url, https_port, args.slow_ms))
     return 0

@@ -15,10 +15,10 @@ Same contract as the async streams: a timeout is ``TimeoutError``, end of stream
 a failure ``OSError``; ``_exceptions.raise_mapped`` turns them into httpx exceptions.
 
 ``Connector`` opens them (TCP, Unix sockets, TLS with ALPN), with the async connector's
-settings, trace events, retries and error mapping.  It connects directly only: the proxy
-table the transport reads from the environment (``trust_env``) is kept, and a request the
-environment routes through a proxy is refused with ``httpx.ProxyError`` rather than sent
-direct (``proxy=`` itself is refused by ``BulkheadHTTPTransport``).
+settings, trace events, retries and error mapping.  A request its proxy table
+(``proxy=``, or the environment's with ``trust_env``) routes through a proxy takes the
+generated twin of the async dial path (``_sync/_proxied.py``: forwarding, ``CONNECT``,
+SOCKS5, TLS in TLS), which opens its TCP connection to the proxy with ``open_tcp``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from . import _network, _streams
 from ._config import DEFAULT_PORTS
 from ._exceptions import raise_mapped
 from ._network import SocketOption, set_alpn
-from ._proxy_config import ProxyRoutes
+from ._proxy_config import ProxyRoutes, ProxySpec
 from ._threads import blocking, sleep
 from ._tls import TLSEngine
 
@@ -88,9 +88,10 @@ class SocketStream:
         self._send_lock = threading.Lock()
         self._closed = False
 
-    def start_tls(self, tls: TLSEngine, timeout: float | None) -> None:
-        """Run the TLS handshake within ``timeout`` seconds; from then on the stream carries
-        plaintext.  Raises ``ssl.SSLError``, ``OSError``, ``TimeoutError``."""
+    def start_tls(self, tls: TLSEngine, timeout: float | None = None) -> None:
+        """Run the TLS handshake within ``timeout`` seconds (``None``: the enclosing
+        deadline scopes only); from then on the stream carries plaintext.  Raises
+        ``ssl.SSLError``, ``OSError``, ``TimeoutError``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._tls = tls
         while not tls.handshake():
@@ -228,7 +229,8 @@ def _left(deadline: float | None) -> float | None:
 
 class NetworkStream:
     """``response.extensions["network_stream"]`` of the sync transport: as the async one's
-    (``_streams.NetworkStream``: ``get_extra_info`` only, the rest refused)."""
+    (``_streams.NetworkStream``: ``get_extra_info`` only, the rest refused; through a
+    proxy, the target's TLS session and the socket to the proxy)."""
 
     __slots__ = ("_stream",)
 
@@ -239,14 +241,14 @@ class NetworkStream:
         stream = self._stream
         if info == "is_readable":
             return stream.is_readable()
-        if not isinstance(stream, SocketStream):
-            return None
+        # Socket streams, and a TLS stream stacked inside an https proxy's (the target's
+        # ``ssl_object``, the socket to the proxy), as the async ``NetworkStream`` answers.
         if info == "ssl_object":
-            return stream.ssl_object
-        sock = stream.socket
+            return getattr(stream, "ssl_object", None)
+        sock = getattr(stream, "socket", None)
         if info == "socket":
             return sock
-        if info not in ("client_addr", "server_addr"):
+        if sock is None or info not in ("client_addr", "server_addr"):
             return None
         try:  # as the async stream answers
             address = sock.getsockname() if info == "client_addr" else sock.getpeername()
@@ -268,7 +270,8 @@ class NetworkStream:
 
 
 class Network(Protocol):
-    """Opens connections for the sync transport."""
+    """Opens connections for the sync transport (a network that routes through proxies
+    also has ``proxy_for``, as ``_network.Network`` says)."""
 
     def connect(
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
@@ -296,23 +299,37 @@ class Connector:
             ssl_context, local_address, uds, socket_options, retries, proxies, proxy_ssl_context
         )
 
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        return self._config.ssl_context
+
+    @property
+    def proxy_ssl_context(self) -> ssl.SSLContext | None:
+        return self._config.proxy_ssl_context
+
+    @property
+    def local_address(self) -> str | None:
+        return self._config.local_address
+
+    @property
+    def socket_options(self) -> tuple[SocketOption, ...]:
+        return self._config.socket_options
+
+    def proxy_for(self, url: httpx.URL) -> ProxySpec | None:
+        """The proxy requests to ``url``'s origin go through; ``None``: direct."""
+        return self._config.proxies.choose(url)
+
+    def open_tcp(self, host: str, port: int) -> SocketStream:
+        """A TCP stream to ``host:port`` (socket options applied), bounded by the enclosing
+        deadline scopes.  Raises ``OSError``."""
+        return SocketStream(blocking(lambda limit: self._tcp(host, port, limit), None))
+
     def connect(
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
-    ) -> SocketStream:
-        """Open a stream to the request's origin (TLS for https), retrying as configured,
-        with the async connector's trace events.  Raises ``httpx.ProxyError`` when the
-        environment's proxy table (``trust_env``) routes the request through a proxy: this
-        connector cannot, and going direct instead would bypass the proxy silently."""
-        proxy = self._config.proxy_for(request.url)
-        if proxy is not None:
-            raise httpx.ProxyError(
-                f"the environment (trust_env) routes {request.url.scheme}://"
-                f"{request.url.netloc.decode('ascii')} through the proxy {proxy.url};"
-                " BulkheadHTTPTransport does not connect through proxies: use BulkheadTransport"
-                " with httpx.AsyncClient, exempt the host with NO_PROXY, or pass"
-                " trust_env=False",
-                request=request,
-            )
+    ) -> NetStream:
+        """Open a stream to the request's origin (TLS for https), directly or through its
+        proxy, retrying as configured, with the async connector's trace events.  Raises
+        ``httpx.ConnectError``, ``httpx.ConnectTimeout``, ``httpx.ProxyError``."""
         retries = self._config.retries
         for attempt in range(retries + 1):
             try:
@@ -330,9 +347,16 @@ class Connector:
 
     def _connect_once(
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
-    ) -> SocketStream:
+    ) -> NetStream:
         config = self._config
         url = request.url
+        if config.proxies:
+            spec = config.proxies.choose(url)
+            if spec is not None:
+                # Imported here: the generated dial path imports this module's streams.
+                from ._sync._proxied import connect_via
+
+                return connect_via(self, spec, request, timeout=timeout, trace=trace)
         host = url.raw_host.decode("ascii")
         port = url.port or DEFAULT_PORTS[url.scheme]
         sni = request.extensions.get("sni_hostname") or host
@@ -368,18 +392,27 @@ class Connector:
 
     def _open(self, host: str, port: int, limit: float | None) -> socket.socket:
         config = self._config
-        if config.uds is not None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(_FOREVER if limit is None else limit)
-                sock.connect(config.uds)
-            except BaseException:
-                sock.close()
-                raise
-        else:
-            local = None if config.local_address is None else (config.local_address, 0)
-            wait = _FOREVER if limit is None else limit
-            sock = socket.create_connection((host, port), wait, source_address=local)
+        if config.uds is None:
+            return self._tcp(host, port, limit)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(_FOREVER if limit is None else limit)
+            sock.connect(config.uds)
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            config._apply_socket_options(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _tcp(self, host: str, port: int, limit: float | None) -> socket.socket:
+        config = self._config
+        local = None if config.local_address is None else (config.local_address, 0)
+        wait = _FOREVER if limit is None else limit
+        sock = socket.create_connection((host, port), wait, source_address=local)
         try:
             config._apply_socket_options(sock)
         except BaseException:

@@ -1,5 +1,9 @@
 """Connecting through a proxy: the connector's path when ``ProxyRoutes`` names one.
 
+One dial path for both transports: ``scripts/unasync.py`` generates the sync twin
+(``_sync/_proxied.py``) from the async module, as it does ``_stacked``; the handshakes
+themselves are sans-I/O (``_proxy``), shared as they are.
+
 Theory of operation
 -------------------
 ``connect_via`` turns a request and the ``ProxySpec`` chosen for its origin into one byte
@@ -45,19 +49,37 @@ import httpx
 
 from ._config import DEFAULT_PORTS
 from ._exceptions import describe_error
-from ._proxy import ConnectHandshake, Handshake, Socks5Handshake, run_handshake, tunnel_authority
+from ._proxy import (
+    HANDSHAKE_READ,
+    ConnectHandshake,
+    Handshake,
+    Socks5Handshake,
+    tunnel_authority,
+)
 from ._proxy_config import ProxyKind, ProxySpec
 from ._stacked import StackedTLSStream
+
+# unasync: skip
 from ._streams import AnyioStream, AsyncioStream, NetStream, NetworkStream
+
+# unasync: end
+# unasync: use from .._blocking import NetStream, NetworkStream, SocketStream
 from ._tls import TLSEngine
 from ._trace import TraceFn, emit
 
 if TYPE_CHECKING:
     from ._network import Connector
 
-__all__ = ["connect_via", "forwards", "proxy_ssl_context"]
+__all__ = ["connect_via", "forwards", "proxy_ssl_context", "run_handshake"]
 
 _HTTP_KINDS = (ProxyKind.HTTP, ProxyKind.HTTPS)
+# unasync: skip
+#: The stream failures anyio raises besides ``OSError`` (the sync streams raise none).
+_STREAM_ERRORS: tuple[type[Exception], ...] = (anyio.BrokenResourceError, anyio.EndOfStream)
+_CLOSED_ERRORS: tuple[type[Exception], ...] = (anyio.ClosedResourceError,)
+# unasync: end
+# unasync: use _STREAM_ERRORS: tuple[type[Exception], ...] = ()
+# unasync: use _CLOSED_ERRORS: tuple[type[Exception], ...] = ()
 
 
 def forwards(kind: ProxyKind, scheme: str) -> bool:
@@ -73,6 +95,20 @@ def proxy_ssl_context(trust_env: bool) -> ssl.SSLContext:
     context = httpx.create_ssl_context(trust_env=trust_env)
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+async def run_handshake(stream: NetStream, handshake: Handshake, timeout: float | None) -> bytes:
+    """Open the tunnel over ``stream`` (connected to the proxy); returns ``leftover``.
+
+    ``timeout`` bounds each read and write; the caller bounds the whole handshake.
+    Raises ``httpx.ProxyError`` from the handshake; ``TimeoutError``, ``OSError`` from
+    the stream (the caller maps them)."""
+    while True:
+        data = handshake.outgoing()
+        if data:
+            await stream.send(data, timeout)
+        if handshake.receive(await stream.receive(HANDSHAKE_READ, timeout)):
+            return handshake.leftover
 
 
 async def connect_via(
@@ -160,7 +196,10 @@ async def _start_tls(
     if isinstance(stream, StackedTLSStream):
         await stream.handshake(timeout)
     else:
+        # unasync: skip
         assert isinstance(stream, AsyncioStream | AnyioStream)
+        # unasync: end
+        # unasync: use assert isinstance(stream, SocketStream)
         await stream.start_tls(engine)
     if trace is not None:
         await trace("connection.start_tls.complete", {"return_value": _shown(stream)})
@@ -194,14 +233,14 @@ def _mapped(
         mapped = exc
     elif isinstance(exc, TimeoutError):
         mapped = httpx.ConnectTimeout(f"connect timed out (through proxy {spec.url})")
-    elif isinstance(exc, ssl.SSLError | OSError | anyio.BrokenResourceError | anyio.EndOfStream):
+    elif isinstance(exc, (ssl.SSLError, OSError, *_STREAM_ERRORS)):
         where = {
             "connect_tcp": "connecting to",
             "start_tls": "in the TLS handshake through",
             "proxy_handshake": "in the handshake with",
         }[step]
         mapped = httpx.ConnectError(f"{describe_error(exc)} ({where} proxy {spec.url})")
-    elif isinstance(exc, anyio.ClosedResourceError):
+    elif isinstance(exc, _CLOSED_ERRORS):
         mapped = httpx.ConnectError(f"connection was closed (through proxy {spec.url})")
     elif isinstance(exc, ValueError):  # a target name SOCKS5 cannot carry
         mapped = httpx.ConnectError(f"{exc} (through proxy {spec.url})")

@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 A handshake is a small state machine that knows what to say to the proxy and how to read
-its answers; it does no I/O, reads no clock and never awaits.  The connector drives it with
-``run_handshake``: send what ``outgoing()`` returns, feed what the proxy sends to
-``receive()``, until ``receive`` says the tunnel is open.  Then ``leftover`` holds the bytes
+its answers; it does no I/O, reads no clock and never awaits, so both shells share it.
+The connector drives it with ``_proxied.run_handshake`` (async, and its generated sync
+twin): send what ``outgoing()`` returns, feed what the proxy sends to ``receive()``, until
+``receive`` says the tunnel is open.  Then ``leftover`` holds the bytes
 the proxy sent after its answer: they already belong to the tunnel (the start of the
 target's TLS handshake, say) and must reach whoever reads the tunnel next.
 
@@ -15,7 +16,7 @@ Invariants:
    (a trickling proxy) reads as the whole answer in one.
 2. What a proxy can make us buffer is bounded: a ``CONNECT`` answer still incomplete past
    ``MAX_CONNECT_HEAD`` bytes is refused, and a SOCKS5 reply is at most 262 bytes (beyond
-   that, one read's worth: ``run_handshake`` reads ``_RECEIVE`` bytes at most).  Past the
+   that, one read's worth: ``run_handshake`` reads ``HANDSHAKE_READ`` bytes at most).  Past the
    bound, on bytes that cannot be an answer, or at end of stream before the answer is
    whole, ``receive`` raises ``httpx.ProxyError`` saying which proxy and what it did.
    No h11 error ever escapes.
@@ -38,21 +39,20 @@ from typing import Protocol
 import h11
 import httpx
 
-from ._streams import NetStream
-
 __all__ = [
+    "HANDSHAKE_READ",
     "MAX_CONNECT_HEAD",
     "ConnectHandshake",
     "Handshake",
     "Socks5Handshake",
     "forwarded_head",
-    "run_handshake",
     "tunnel_authority",
 ]
 
 #: Largest answer head to ``CONNECT`` we read (status line and headers).
 MAX_CONNECT_HEAD = 64 * 1024
-_RECEIVE = 65536
+#: Most bytes ``run_handshake`` asks of the stream at once.
+HANDSHAKE_READ = 65536
 
 
 class Handshake(Protocol):
@@ -68,20 +68,6 @@ class Handshake(Protocol):
         """Feed what the proxy sent (``b""``: end of stream).  ``True`` once the tunnel is
         open.  Raises ``httpx.ProxyError``."""
         ...
-
-
-async def run_handshake(stream: NetStream, handshake: Handshake, timeout: float | None) -> bytes:
-    """Open the tunnel over ``stream`` (connected to the proxy); returns ``leftover``.
-
-    ``timeout`` bounds each read and write; the caller bounds the whole handshake.
-    Raises ``httpx.ProxyError`` from the handshake; ``TimeoutError``, ``OSError`` from
-    the stream (the caller maps them)."""
-    while True:
-        data = handshake.outgoing()
-        if data:
-            await stream.send(data, timeout)
-        if handshake.receive(await stream.receive(_RECEIVE, timeout)):
-            return handshake.leftover
 
 
 def forwarded_head(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -41,25 +41,15 @@ class BulkheadHTTPTransport(_transport.BulkheadHTTPTransport):
     closed on time by a timer thread that exists only while something is scheduled and
     is stopped by ``close()``.
 
+    Proxies (``proxy=``, or the environment's with ``trust_env``) work as in the async
+    transport: the dial path is generated from the same source (``_sync/_proxied.py``).
+
     Raises:
-        TypeError, ValueError: invalid configuration (the message names the field), or a
+        TypeError, ValueError: invalid configuration (the message names the field, as the
+            async transport's: ``proxy=`` with ``uds=`` or ``network=`` among them), or a
             ``Policy`` setting that needs an event loop (see ``ASYNC_ONLY_FIELDS``), or an
-            async ``network=`` (``testing.MockNetwork``), or ``proxy=`` (this transport
-            connects directly).
-        httpx.ProxyError: a request that the environment's proxy settings (``trust_env``)
-            route through a proxy: it is refused, never sent direct.
+            async ``network=`` (``testing.MockNetwork``).
     """
-
-    if not TYPE_CHECKING:  # (type checkers see the generated transport's signature)
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if kwargs.get("proxy") is not None:
-                raise ValueError(
-                    "proxy= is not supported by BulkheadHTTPTransport (it connects directly):"
-                    " use BulkheadTransport with httpx.AsyncClient, or mount"
-                    " httpx.HTTPTransport(proxy=...) on the client"
-                )
-            super().__init__(*args, **kwargs)
 
     def _compartment(self, name: str, policy: Policy) -> Compartment:
         _check_sync(name, policy)

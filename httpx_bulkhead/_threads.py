@@ -43,6 +43,7 @@ import heapq
 import itertools
 import logging
 import math
+import socket
 import threading
 import time
 from collections import deque
@@ -60,6 +61,7 @@ __all__ = [
     "Timers",
     "blocking",
     "fail_after",
+    "getaddrinfo",
     "iterate_unlocked",
     "move_on_after",
     "sleep",
@@ -268,6 +270,13 @@ def blocking(call: Callable[[float | None], T], timeout: float | None) -> T:
         raise
     finally:
         _reacquire(lock)
+
+
+def getaddrinfo(host: str, port: int, *, type: int = 0) -> list[Any]:
+    """anyio's ``getaddrinfo`` for threads: the system resolver, with the loop lock
+    released.  A scope's deadline is checked before the call, not during it (the resolver
+    cannot be interrupted, as in httpx's default sync transport).  Raises ``OSError``."""
+    return blocking(lambda limit: socket.getaddrinfo(host, port, type=type), None)
 
 
 class Event:

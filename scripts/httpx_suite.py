@@ -14,8 +14,8 @@ What it does:
    ``transport=`` gets ``BulkheadTransport(verify=, cert=, trust_env=, http1=, http2=,
    limits=, ...)``, and ``_init_proxy_transport`` so every proxy mount (``proxy=``, or one
    per environment proxy) is ``BulkheadTransport(proxy=..., ...)``; or
-   ``httpx.Client._init_transport`` (mode ``sync``) so it gets ``BulkheadHTTPTransport``
-   with the same arguments (the sync client's proxy mounts are left alone).
+   ``httpx.Client._init_transport`` and ``_init_proxy_transport`` (mode ``sync``) so it
+   and its proxy mounts get ``BulkheadHTTPTransport`` with the same arguments.
 4. Runs ``pytest -m "not network"`` there three times: with httpx's default transports,
    then patched in each mode.  Only 127.0.0.1 is used (the suite starts its own uvicorn
    server).
@@ -88,11 +88,12 @@ TEST_REQUIREMENTS: Final[dict[str, str]] = {
 # why.  Listed by full id, so a new failing case of the same test is reported as NEW.
 _POOL_PROXY_URL: Final = (
     "reads transport._pool._proxy_url (httpcore's proxy pool) of the mounted proxy transport;"
-    " the mount is BulkheadTransport(proxy=...), and where requests really go with these"
-    " environments is checked side by side with httpx in tests/integration/"
+    " the mount is ours (BulkheadTransport or BulkheadHTTPTransport(proxy=...)), and where requests"
+    " really go with these environments is checked side by side with httpx in tests/integration/"
     "test_proxy_environment.py (internals, not behaviour)"
 )
-#: The AsyncClient cases of test_proxies_environ whose expected proxy is not None.
+#: The cases of test_proxies_environ (``AsyncClient-`` and ``Client-``) whose expected proxy
+#: is not None.
 _ENVIRON_PROXIED: Final = (
     "http://127.0.0.1-env4-http://localhost:123",
     "http://127.0.0.1-env6-http://localhost:123",
@@ -116,8 +117,18 @@ KNOWN: Final[dict[str, str]] = {
         " socks5:// and socks5h://): internals, not behaviour"
     ),
 }
-#: The same for ``BulkheadHTTPTransport`` as ``httpx.Client``'s default.
+#: The same for ``BulkheadHTTPTransport`` as ``httpx.Client``'s default (and its proxy mounts).
 KNOWN_SYNC: Final[dict[str, str]] = {
+    **{
+        f"tests/client/test_proxies.py::test_proxies_environ[Client-{case}]": _POOL_PROXY_URL
+        for case in _ENVIRON_PROXIED
+    },
+    "tests/client/test_proxies.py::test_socks_proxy": (
+        "asserts the sync proxy mount is an httpx.HTTPTransport whose _pool is"
+        " httpcore.SOCKSProxy; ours is BulkheadHTTPTransport(proxy='socks5://...') with the"
+        " same SOCKS5 handshake as the async transport (tests/integration/"
+        "test_proxy_transport.py sends requests through it for both): internals, not behaviour"
+    ),
     "tests/test_api.py::test_httpcore_lazy_loading": (
         "checks that creating an httpx.Client imports httpcore (for its default"
         " HTTPTransport); BulkheadHTTPTransport does not use httpcore"

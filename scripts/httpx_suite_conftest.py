@@ -10,8 +10,8 @@ extracted httpx tree.  Driven by environment variables set by ``httpx_suite.py``
     (``_init_transport``) gets a ``BulkheadTransport`` built from the same keyword
     arguments, and so does each proxy mount (``_init_proxy_transport``:
     ``BulkheadTransport(proxy=...)``); ``"sync"``: an ``httpx.Client`` likewise gets a
-    ``BulkheadHTTPTransport`` (its proxy mounts are left alone); anything else: nothing is
-    patched.
+    ``BulkheadHTTPTransport``, and so does each of its proxy mounts; anything else:
+    nothing is patched.
 
 In both runs uvicorn's ``http="auto"`` is pinned to its h11 implementation, as in httpx's own
 CI (which does not install httptools): with httptools installed, uvicorn writes
@@ -41,42 +41,43 @@ _PATCH = _MODE in ("async", "sync")
 _created: list[BulkheadTransport | BulkheadHTTPTransport] = []
 
 
-def _patch_async_client() -> None:
-    from httpx_bulkhead import BulkheadTransport
-
-    original = httpx.AsyncClient._init_transport
+def _patch(client: type[httpx.Client] | type[httpx.AsyncClient], ours: type[Any]) -> None:
+    """``client`` (``httpx.Client`` or ``httpx.AsyncClient``) gets ``ours``
+    (``BulkheadHTTPTransport`` or ``BulkheadTransport``) as its default transport and as
+    each proxy mount, built from the arguments httpx 0.28.1 gives its own transports."""
+    original = client._init_transport
 
     def _init_transport(
-        self: httpx.AsyncClient,
+        self: Any,
         verify: ssl.SSLContext | str | bool = True,
         cert: Any = None,
         trust_env: bool = True,
         http1: bool = True,
         http2: bool = False,
         limits: httpx.Limits = httpx._config.DEFAULT_LIMITS,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> httpx.AsyncBaseTransport:
+        transport: Any = None,
+    ) -> Any:
         if transport is not None:
             return original(self, transport=transport)
-        # The same arguments AsyncClient gives AsyncHTTPTransport in httpx 0.28.1, plus the
-        # transport-only ones at AsyncHTTPTransport's defaults (the client has no such options).
-        created = BulkheadTransport(
-            verify=verify,
-            cert=cert,
-            trust_env=trust_env,
-            http1=http1,
-            http2=http2,
-            limits=limits,
-            retries=0,
-            local_address=None,
-            uds=None,
-            socket_options=None,
+        # The same arguments the client gives its HTTPTransport, plus the transport-only
+        # ones at their defaults (the client has no such options).
+        return _made(
+            ours(
+                verify=verify,
+                cert=cert,
+                trust_env=trust_env,
+                http1=http1,
+                http2=http2,
+                limits=limits,
+                retries=0,
+                local_address=None,
+                uds=None,
+                socket_options=None,
+            )
         )
-        _created.append(created)
-        return created
 
     def _init_proxy_transport(
-        self: httpx.AsyncClient,
+        self: Any,
         proxy: httpx.Proxy,
         verify: ssl.SSLContext | str | bool = True,
         cert: Any = None,
@@ -84,59 +85,28 @@ def _patch_async_client() -> None:
         http1: bool = True,
         http2: bool = False,
         limits: httpx.Limits = httpx._config.DEFAULT_LIMITS,
-    ) -> httpx.AsyncBaseTransport:
-        # What AsyncClient gives AsyncHTTPTransport(proxy=...) for each proxy mount
+    ) -> Any:
+        # What the client gives its HTTPTransport(proxy=...) for each proxy mount
         # (``proxy=`` on the client, or one per environment proxy).
-        created = BulkheadTransport(
-            verify=verify,
-            cert=cert,
-            trust_env=trust_env,
-            http1=http1,
-            http2=http2,
-            limits=limits,
-            proxy=proxy,
+        return _made(
+            ours(
+                verify=verify,
+                cert=cert,
+                trust_env=trust_env,
+                http1=http1,
+                http2=http2,
+                limits=limits,
+                proxy=proxy,
+            )
         )
-        _created.append(created)
-        return created
 
-    httpx.AsyncClient._init_transport = _init_transport  # type: ignore[method-assign]
-    httpx.AsyncClient._init_proxy_transport = _init_proxy_transport  # type: ignore[method-assign]
+    client._init_transport = _init_transport  # type: ignore[method-assign]
+    client._init_proxy_transport = _init_proxy_transport  # type: ignore[method-assign]
 
 
-def _patch_client() -> None:
-    from httpx_bulkhead import BulkheadHTTPTransport
-
-    original = httpx.Client._init_transport
-
-    def _init_transport(
-        self: httpx.Client,
-        verify: ssl.SSLContext | str | bool = True,
-        cert: Any = None,
-        trust_env: bool = True,
-        http1: bool = True,
-        http2: bool = False,
-        limits: httpx.Limits = httpx._config.DEFAULT_LIMITS,
-        transport: httpx.BaseTransport | None = None,
-    ) -> httpx.BaseTransport:
-        if transport is not None:
-            return original(self, transport=transport)
-        # The same arguments Client gives HTTPTransport in httpx 0.28.1 (see above).
-        created = BulkheadHTTPTransport(
-            verify=verify,
-            cert=cert,
-            trust_env=trust_env,
-            http1=http1,
-            http2=http2,
-            limits=limits,
-            retries=0,
-            local_address=None,
-            uds=None,
-            socket_options=None,
-        )
-        _created.append(created)
-        return created
-
-    httpx.Client._init_transport = _init_transport  # type: ignore[method-assign]
+def _made(transport: BulkheadTransport | BulkheadHTTPTransport) -> Any:
+    _created.append(transport)
+    return transport
 
 
 def _pin_uvicorn_h11() -> None:
@@ -146,9 +116,13 @@ def _pin_uvicorn_h11() -> None:
 
 _pin_uvicorn_h11()
 if _MODE == "async":
-    _patch_async_client()
+    from httpx_bulkhead import BulkheadTransport as _Async
+
+    _patch(httpx.AsyncClient, _Async)
 elif _MODE == "sync":
-    _patch_client()
+    from httpx_bulkhead import BulkheadHTTPTransport as _Sync
+
+    _patch(httpx.Client, _Sync)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -22,6 +22,13 @@ out of the sync twin between the comment lines ``# unasync: skip`` and ``# unasy
 a comment line ``# unasync: use <code>`` is ``<code>`` in the sync twin (e.g. to import a
 type from the async module rather than define a second one).
 
+Prose (comments and triple-quoted strings) gets ``PROSE`` first: the async modules speak of
+the event loop, tasks and awaiting where the sync twin has the loop lock (``_threads.py``),
+threads and waiting, so each phrase found in them is reworded to read true there.  These
+rules touch only the prose part of a line (after a comment's ``#``, inside a docstring),
+never code; a phrase the rules do not know reads as in the async module (``--check`` does
+not look for them: read the generated docstrings when you add one).
+
 ``--check`` (run by ``.ci/run`` and ``tests/test_unasync.py``) regenerates in memory and
 compares, byte for byte, and also reports files in ``_sync/`` that no module generates.
 """
@@ -47,9 +54,11 @@ MODULES = (
     "_exchange",
     "_http11",
     "_http2",
+    "_proxied",
     "_respx",
     "_response",
     "_slots",
+    "_stacked",
     "_trace",
     "_transport",
 )
@@ -83,6 +92,8 @@ SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
     (r"\b__anext__\b", "__next__"),
     (r"\baread\b", "read"),
     (r"\baclose\b", "close"),
+    # messages
+    (r"needs an async request stream", "needs a sync request stream"),
     # a request body is user code: iterate it with the loop lock released
     (r"\baiter\(", "_threads.iterate_unlocked("),
     (r"\bAwaitable\[None\] \| None\b", "None"),
@@ -97,6 +108,40 @@ SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
     (r"\banyio\.", "_threads."),
 )
 _COMPILED = tuple((re.compile(p), r) for p, r in SUBSTITUTIONS)
+
+#: (pattern, replacement) for prose only, in order: the async shell's words for what the
+#: sync shell does with threads and the loop lock (see the module docstring).
+PROSE: tuple[tuple[str, str], ...] = (
+    # the loop: in the sync shell, the loop lock, and the timer thread for hand-offs
+    (r"\bon the loop that owns the transport\b", "by the transport's timer thread"),
+    (r"\bthe loop that owns it\b", "the transport's timer thread"),
+    (r"\bremember the loop that owns the transport\b", "bind the timers (any thread may call)"),
+    (r"\bno loop left\b", "no timer thread left"),
+    (r"\bDone on the transport's event loop$", "Done under the transport's loop lock"),
+    (r"^(\s*)when it runs \(so a compartment\b", r"\1when it is free (so a compartment"),
+    (r"\bthe transport's event loop\b", "the transport's loop lock"),
+    (r"\bfrom a thread other than the event loop's, the snapshot is\b", "the snapshot is"),
+    (r"\btaken on the loop between two of its steps\b", "taken under the loop lock"),
+    (r"\bfor a busy loop\b", "for a busy loop lock"),
+    (r"\bon the loop\b", "under the loop lock"),
+    (r"\ban anyio byte stream\b", "a blocking byte stream (``_blocking``)"),
+    # tasks: threads
+    (r"\bbackground task \(a transport owns no task group\)", "background thread"),
+    (r"\b(T|t)he task\b", r"\1he thread"),
+    (r"\banother task\b", "another thread"),
+    (r"\bThe async shell\b", "The sync shell"),
+    # awaiting: waiting (what the sync twin returns, it has already done)
+    (r"\bnobody is awaiting\b", "nobody is waiting for"),
+    (r"\bnobody awaits\b", "nobody waits for"),
+    (r"\bwithout awaiting\b", "without waiting"),
+    (r"\bthe returned awaitable finishes\b", "the call finishes"),
+    (r"\(the returned$", "(the call"),
+    (r"^(\s*)awaitable finishes\b", r"\1finishes"),
+    (r"\breturns the awaitable that finishes\b", "then finishes"),
+    (r", awaited\.", ", waited for by threads."),
+    (r"\bthe next await\b", "the next wait"),
+)
+_PROSE = tuple((re.compile(p), r) for p, r in PROSE)
 _IMPORT = re.compile(r"^(\s*)from \.(_\w+) import\b")
 _SKIP, _END, _USE = "# unasync: skip", "# unasync: end", "# unasync: use "
 
@@ -139,10 +184,38 @@ def _dedupe(line: str) -> str:
     return line if unique == parts else f"{head} import {', '.join(unique)}\n"
 
 
+def _prose_columns(name: str, source: str) -> dict[int, int]:
+    """Line number -> column where the line's prose starts (a comment, or a line of a
+    triple-quoted string), for the lines that have some."""
+    columns: dict[int, int] = {}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise UnasyncError(f"{name}.py does not tokenize: {exc}") from exc
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT:
+            columns.setdefault(tok.start[0], tok.start[1])
+        elif tok.type == tokenize.STRING and tok.string[-3:] in ('"""', "'''"):
+            for number in range(tok.start[0], tok.end[0] + 1):
+                column = tok.start[1] if number == tok.start[0] else 0
+                columns[number] = min(columns.get(number, column), column)
+    return columns
+
+
+def _reword(line: str, column: int) -> str:
+    """``PROSE`` applied to ``line`` from ``column`` on (the code before it untouched)."""
+    body, newline = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+    code, prose = body[:column], body[column:]
+    for pattern, replacement in _PROSE:
+        prose = pattern.sub(replacement, prose)
+    return code + prose + newline
+
+
 def convert(name: str, source: str) -> str:
     """The sync twin of async module ``name`` (its text ``source``)."""
     out: list[str] = []
     skipping = False
+    prose = _prose_columns(name, source)
     for number, line in enumerate(source.splitlines(keepends=True), 1):
         stripped = line.strip()
         if stripped == _SKIP:
@@ -161,6 +234,8 @@ def convert(name: str, source: str) -> str:
             indent = line[: len(line) - len(line.lstrip())]
             out.append(f"{indent}{stripped[len(_USE) :]}\n")
             continue
+        if number in prose:
+            line = _reword(line, prose[number])
         for pattern, replacement in _COMPILED:
             line = pattern.sub(replacement, line)
         out.append(_dedupe(_import(line)))

@@ -5,6 +5,8 @@ its client with ``client_for``: ``"async"`` is ``BulkheadTransport`` under
 ``httpx.AsyncClient``; ``"sync"`` is ``BulkheadHTTPTransport`` under ``httpx.Client``, each
 call made from a worker thread (up to ``THREADS`` at once), so the test's body, its task
 groups and its gates stay as they are while threads are the transport's callers.
+``httpx_client`` is httpx's own client of a flavour (its default transport), for tests that
+compare with it side by side.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "ThreadedClient",
     "Transport",
     "client_for",
+    "httpx_client",
     "make_transport",
 ]
 
@@ -73,14 +76,34 @@ Client: TypeAlias = httpx.AsyncClient | ThreadedClient
 
 
 @contextlib.asynccontextmanager
-async def client_for(transport: Transport, **kwargs: Any) -> AsyncIterator[Client]:
-    """A client over ``transport`` (``kwargs`` as for ``httpx.AsyncClient``), closed after."""
-    if isinstance(transport, BulkheadHTTPTransport):
-        client = httpx.Client(transport=transport, **kwargs)
-        try:
-            yield ThreadedClient(client)
-        finally:
-            await anyio.to_thread.run_sync(client.close)
+async def client_for(
+    transport: Transport | httpx.BaseTransport | httpx.AsyncBaseTransport, **kwargs: Any
+) -> AsyncIterator[Client]:
+    """A client over ``transport`` (``kwargs`` as for ``httpx.AsyncClient``), closed after:
+    ``httpx.Client`` called from worker threads for a sync transport (ours or httpx's)."""
+    if isinstance(transport, httpx.BaseTransport):
+        async with _threaded(httpx.Client(transport=transport, **kwargs)) as client:
+            yield client
     else:
         async with httpx.AsyncClient(transport=transport, **kwargs) as async_client:
             yield async_client
+
+
+@contextlib.asynccontextmanager
+async def httpx_client(flavour: Flavour, **kwargs: Any) -> AsyncIterator[Client]:
+    """httpx's own client of ``flavour`` with its default transport (``kwargs`` as for
+    ``httpx.AsyncClient``: with ``trust_env`` it mounts the environment's proxies)."""
+    if flavour == "sync":
+        async with _threaded(httpx.Client(**kwargs)) as client:
+            yield client
+    else:
+        async with httpx.AsyncClient(**kwargs) as async_client:
+            yield async_client
+
+
+@contextlib.asynccontextmanager
+async def _threaded(client: httpx.Client) -> AsyncIterator[ThreadedClient]:
+    try:
+        yield ThreadedClient(client)
+    finally:
+        await anyio.to_thread.run_sync(client.close)

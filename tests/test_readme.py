@@ -92,7 +92,7 @@ class ExampleHostsBlocking:
 
     def connect(
         self, request: httpx.Request, *, timeout: float | None, trace: Any
-    ) -> blocking.SocketStream:
+    ) -> blocking.NetStream:
         url = request.url
         local = httpx.Request(
             request.method,

@@ -93,3 +93,30 @@ def test_an_anyio_name_without_a_thread_version_stops_the_generator() -> None:
 def test_an_async_only_module_stops_the_generator() -> None:
     with pytest.raises(unasync.UnasyncError, match="async-only module _fleet"):
         unasync.convert("_x", "from ._fleet import FleetLimit\n")
+
+
+def test_prose_is_reworded_and_code_is_not() -> None:
+    """The event loop, tasks and awaiting of the async prose read as the loop lock, threads
+    and waiting in the sync twin; the same words in code are left alone."""
+    source = (
+        "def f(on_the_loop: int) -> None:\n"
+        '    """Runs on the loop, without awaiting; the returned awaitable finishes."""\n'
+        "    the_task = on_the_loop  # the task that needs it, on the loop\n"
+        '    g("on the loop")  # a one-line string is code: a message may mean it\n'
+    )
+    out = unasync.convert("_x", source).splitlines()
+    assert out[2:] == [
+        "def f(on_the_loop: int) -> None:",
+        '    """Runs under the loop lock, without waiting; the call finishes."""',
+        "    the_task = on_the_loop  # the thread that needs it, under the loop lock",
+        '    g("on the loop")  # a one-line string is code: a message may mean it',
+    ]
+
+
+def test_the_generated_prose_speaks_of_threads() -> None:
+    """No phrase of the event loop's world is left in the generated docstrings and
+    comments (a new one needs a PROSE rule)."""
+    for path, text in unasync.generate().items():
+        for number, line in enumerate(text.splitlines(), 1):
+            for phrase in ("event loop", "on the loop", "returned awaitable", " task "):
+                assert phrase not in line, f"{path.name}:{number}: {line.strip()}"

@@ -204,9 +204,9 @@ class Compartment:
     def end_abandoned(
         self, lease: Lease, exchange: Exchange, exc: BaseException, outcome: Outcome
     ) -> None:
-        """End an exchange nobody is awaiting (a response garbage-collected unclosed, or
-        held unread past its deadline), on the loop, without awaiting: its slot is given
-        back now; the returned awaitable finishes closing connections (or sends the HTTP/2
+        """End an exchange nobody is waiting for (a response garbage-collected unclosed, or
+        held unread past its deadline), under the loop lock, without waiting: its slot is given
+        back now; the call finishes closing connections (or sends the HTTP/2
         reset)."""
         closing = self.connections.end_abandoned(lease, exchange, exc)
         if isinstance(exc, ClosedEarly):
@@ -302,8 +302,8 @@ class Compartment:
         return not (limiter.running or limiter.waiting or pool.waiting) and pool.total == pool.idle
 
     def retire(self) -> None:
-        """Evicted at rest: refuse new work, close the idle connections (the returned
-        awaitable finishes closing them).  The router no longer routes to it."""
+        """Evicted at rest: refuse new work, close the idle connections (the call
+        finishes closing them).  The router no longer routes to it."""
         self.retired = True
         self.slots.limiter.close()
         closing = self.connections.retire()

@@ -260,7 +260,7 @@ class HTTP11Connection:
     def _send_body(self, request: httpx.Request, timeouts: Timeouts) -> None:
         stream = request.stream
         if not isinstance(stream, Iterable):
-            raise RuntimeError("BulkheadHTTPTransport needs an async request stream")
+            raise RuntimeError("BulkheadHTTPTransport needs a sync request stream")
         codec = self._codec
         with body_chunks(stream) as chunks:
             for chunk in chunks:

@@ -10,7 +10,7 @@ kept after a stream reset, or closed) and the slot is released.
 The deadline holds whatever the caller does: each read is bounded by it (data already
 buffered is not handed out after it), and a timer ends the exchange of a response held
 unread past it; the caller's next read then raises ``RequestTimeout``.  A response the
-garbage collector frees unclosed is ended on the loop that owns the transport (the
+garbage collector frees unclosed is ended by the transport's timer thread (the
 collector may run in any thread): ``__del__`` only hands the work over.
 """
 
@@ -107,7 +107,7 @@ class ResponseStream(httpx.SyncByteStream):
         self._finish(exc)
 
     def _expire(self) -> None:
-        """The deadline passed (a timer, on the loop).  A read in progress is bounded by the
+        """The deadline passed (a timer, under the loop lock).  A read in progress is bounded by the
         deadline itself and reports it; otherwise the exchange ends here."""
         self._timer = None
         if self._finished or self._reading:
@@ -123,7 +123,7 @@ class ResponseStream(httpx.SyncByteStream):
 
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
-        # a pool): say so, and have the loop that owns it give the slot and connection back.
+        # a pool): say so, and have the transport's timer thread give the slot and connection back.
         if self._finished:
             return
         self._finished = True
@@ -149,7 +149,7 @@ class ResponseStream(httpx.SyncByteStream):
         finally:
             with contextlib.suppress(Exception):
                 if not compartment.timers.call_soon_threadsafe(end):
-                    _close_unawaited(end())  # no loop left: nothing can be waiting on it
+                    _close_unawaited(end())  # no timer thread left: nothing can be waiting on it
 
     def _finish(self, exc: BaseException | None) -> None:
         if self._finished:

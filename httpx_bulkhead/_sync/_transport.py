@@ -23,7 +23,7 @@ from .._events import Events, Listener
 from .._exceptions import TransportClosed
 from .._log import log_debug
 from .._blocking import Connector, Network, SocketOption, set_alpn
-from .._proxied import proxy_ssl_context
+from ._proxied import proxy_ssl_context
 from .._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from .._routing import Router
@@ -41,7 +41,7 @@ DEFAULT_HTTP1_PARSER = "h11"
 
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
-#: Longest ``statistics()`` waits, from another thread, for the transport's event loop.
+#: Longest ``statistics()`` waits, from another thread, for the transport's loop lock.
 STATISTICS_THREAD_WAIT = 1.0
 
 
@@ -167,8 +167,8 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
 
     def _listen(self, listener: Listener, *, on: bool = True) -> None:
         """For the exporters: start (``on``) or stop feeding ``listener`` the per-event
-        figures of every compartment (``_events.py``).  Done on the transport's event loop
-        when it runs (so a compartment made meanwhile gets its sink), else directly."""
+        figures of every compartment (``_events.py``).  Done under the transport's loop lock
+        when it is free (so a compartment made meanwhile gets its sink), else directly."""
 
         def apply() -> None:
             events = self._events
@@ -193,7 +193,7 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
                 return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
-        if self._unbound:  # the first request: remember the loop that owns the transport
+        if self._unbound:  # the first request: bind the timers (any thread may call)
             self._timers.bind()
             self._unbound = not self._timers.bound
         origin = _origin(request)
@@ -231,9 +231,9 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
         """A snapshot of every compartment, by name (see ``CompartmentStats``), plus
         ``"(evicted)"`` with the counters of evicted compartments, once there are any.
 
-        Safe from any thread: from a thread other than the event loop's, the snapshot is
-        taken on the loop between two of its steps, so it is consistent (the call waits up
-        to ``STATISTICS_THREAD_WAIT`` seconds for a busy loop, then reads directly: the
+        Safe from any thread: the snapshot is
+        taken under the loop lock, so it is consistent (the call waits up
+        to ``STATISTICS_THREAD_WAIT`` seconds for a busy loop lock, then reads directly: the
         numbers are then each correct but may not agree with one another).
         """
         done, snapshot = self._timers.run_in_loop(self._snapshot, STATISTICS_THREAD_WAIT)

@@ -3,7 +3,9 @@ routes them: a table of ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``/``NO_PROXY`
 each URL sent by a client with ``BulkheadTransport()`` and by a client with httpx's own
 transport (``httpx.AsyncClient()`` reading the environment, or
 ``httpx.AsyncHTTPTransport(proxy=...)``), side by side; which real proxy's ledger saw the
-request (or neither: direct) must agree, and match the table.
+request (or neither: direct) must agree, and match the table.  The ``flavour`` fixture
+runs each case for the sync transport too: ``BulkheadHTTPTransport()`` beside
+``httpx.Client()`` and ``httpx.HTTPTransport(proxy=...)``, called from threads.
 
 The proxies are two ``FaultProxy`` instances (well-behaved here) on 127.0.0.1; the targets
 one plain and one TLS hypercorn server, each named both ``127.0.0.1`` and ``localhost`` so
@@ -17,7 +19,7 @@ from collections.abc import Iterator, Mapping
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport
+from tests.flavours import Client, Flavour, client_for, httpx_client, make_transport
 from tests.servers import HypercornServer, TestApp, default_server_tls
 from tests.servers.proxies import FaultProxy
 
@@ -67,7 +69,13 @@ def _url(base: str, plain: HypercornServer, tls: HypercornServer) -> str:
     return f"{base}:{port}/"
 
 
-async def _route(client: httpx.AsyncClient, url: str, one: FaultProxy, two: FaultProxy) -> str:
+def _httpx_transport(flavour: Flavour, **kwargs: object) -> httpx.BaseTransport:
+    """httpx's own transport of ``flavour`` (``kwargs`` as for ``httpx.HTTPTransport``)."""
+    kind = httpx.HTTPTransport if flavour == "sync" else httpx.AsyncHTTPTransport
+    return kind(**kwargs)  # type: ignore[arg-type, return-value]
+
+
+async def _route(client: Client, url: str, one: FaultProxy, two: FaultProxy) -> str:
     """Send ``url``; which proxy saw it: "1", "2" or "-" (neither)."""
     before = (len(one.ledger.requests), len(two.ledger.requests))
     response = await client.get(url)
@@ -95,14 +103,16 @@ async def test_environment_routes_as_httpx_does(
     monkeypatch: pytest.MonkeyPatch,
     env: dict[str, str],
     expected: str,
+    flavour: Flavour,
 ) -> None:
     plain, tls, one, two = servers
     values = {"one": one.url, "two": two.url, "p1": one.port, "tls": tls.port}
     _set_env(monkeypatch, env, values)
     context = default_server_tls().client_ssl_context()
-    ours = httpx.AsyncClient(transport=BulkheadTransport(verify=context))
-    theirs = httpx.AsyncClient(verify=context)  # httpx's transports, mounted from the env
-    async with ours, theirs:
+    async with (
+        client_for(make_transport(flavour, verify=context)) as ours,
+        httpx_client(flavour, verify=context) as theirs,  # httpx's, mounted from the env
+    ):
         urls = [_url(base, plain, tls) for base in _URLS]
         got_ours = " ".join([await _route(ours, url, one, two) for url in urls])
         got_theirs = " ".join([await _route(theirs, url, one, two) for url in urls])
@@ -114,6 +124,7 @@ async def test_environment_routes_as_httpx_does(
 async def test_explicit_proxy_wins_and_trust_env_false_ignores_the_environment(
     servers: tuple[HypercornServer, HypercornServer, FaultProxy, FaultProxy],
     monkeypatch: pytest.MonkeyPatch,
+    flavour: Flavour,
 ) -> None:
     plain, tls, one, two = servers
     values = {"one": one.url, "two": two.url}
@@ -123,25 +134,25 @@ async def test_explicit_proxy_wins_and_trust_env_false_ignores_the_environment(
     pairs = [
         # proxy= given: every request through it, NO_PROXY not read (as httpx does).
         (
-            BulkheadTransport(verify=context, proxy=two.url),
-            httpx.AsyncHTTPTransport(verify=context, proxy=two.url),
+            make_transport(flavour, verify=context, proxy=two.url),
+            _httpx_transport(flavour, verify=context, proxy=two.url),
             "2 2 2 2",
         ),
         # trust_env=False: the environment is not read.
         (
-            BulkheadTransport(verify=context, trust_env=False),
-            httpx.AsyncHTTPTransport(verify=context, trust_env=False),
+            make_transport(flavour, verify=context, trust_env=False),
+            _httpx_transport(flavour, verify=context, trust_env=False),
             "- - - -",
         ),
     ]
     for ours_transport, theirs_transport, expected in pairs:
         async with (
-            httpx.AsyncClient(transport=ours_transport) as ours,
-            httpx.AsyncClient(transport=theirs_transport) as theirs,
+            client_for(ours_transport) as ours,
+            client_for(theirs_transport) as theirs,
         ):
             got_ours = " ".join([await _route(ours, url, one, two) for url in urls])
             got_theirs = " ".join([await _route(theirs, url, one, two) for url in urls])
         assert got_ours == got_theirs == expected
     # httpx's client with trust_env=False and no transport: direct too.
-    async with httpx.AsyncClient(verify=context, trust_env=False) as plain_client:
+    async with httpx_client(flavour, verify=context, trust_env=False) as plain_client:
         assert [await _route(plain_client, url, one, two) for url in urls] == ["-"] * 4

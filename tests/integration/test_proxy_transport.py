@@ -1,22 +1,25 @@
-"""``BulkheadTransport(proxy=...)`` through real proxies on 127.0.0.1 (tinyproxy, pproxy
-HTTP/HTTPS/SOCKS5, our SOCKS5 egress) and our scripted ``FaultProxy``: forwarding,
-``CONNECT`` tunnels with the target's certificate checked and HTTP/2 inside, TLS inside an
-https proxy's TLS, SOCKS5 with and without remote DNS, the errors, credentials kept out of
-every message, and the bulkheads still keyed by the target."""
+"""``BulkheadTransport(proxy=...)`` and ``BulkheadHTTPTransport(proxy=...)`` (the
+``flavour`` fixture: threads call the sync one) through real proxies on 127.0.0.1
+(tinyproxy, pproxy HTTP/HTTPS/SOCKS5, our SOCKS5 egress) and our scripted ``FaultProxy``:
+forwarding, ``CONNECT`` tunnels with the target's certificate checked and HTTP/2 inside,
+TLS inside an https proxy's TLS, SOCKS5 with and without remote DNS, the errors,
+credentials kept out of every message, and the bulkheads still keyed by the target."""
 
 from __future__ import annotations
 
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable, Iterator
 
 import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadTransport, Policy, RequestTimeout
+from httpx_bulkhead import Policy, RequestTimeout
 from tests.conftest import until
+from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import HypercornServer, TestApp, default_server_tls
 from tests.servers.proxies import (
     ESTABLISHED,
@@ -68,12 +71,12 @@ def egress(_egress: ProxyEgress) -> ProxyEgress:
     return _egress
 
 
-def trusting(**kwargs: object) -> BulkheadTransport:
-    """A transport that trusts the test CA for targets."""
-    return BulkheadTransport(verify=default_server_tls().client_ssl_context(), **kwargs)  # type: ignore[arg-type]
+def trusting(flavour: Flavour, **kwargs: object) -> Transport:
+    """A transport of ``flavour`` that trusts the test CA for targets."""
+    return make_transport(flavour, verify=default_server_tls().client_ssl_context(), **kwargs)
 
 
-def agree(transport: BulkheadTransport) -> None:
+def agree(transport: Transport) -> None:
     """The statistics' request counters add up in every compartment."""
     for name, s in transport.statistics().items():
         assert s.acquired == s.running + s.completed + s.failed + s.cancelled, (name, s)
@@ -88,15 +91,17 @@ def no_secret(*texts: object) -> None:
 # --------------------------------------------------------------------------- forwarding
 
 
-async def test_http_is_forwarded_with_the_proxy_headers(target: HypercornServer) -> None:
+async def test_http_is_forwarded_with_the_proxy_headers(
+    target: HypercornServer, flavour: Flavour
+) -> None:
     """An http:// target through an HTTP proxy: absolute-form target, Proxy-Authorization
     and the proxy's headers first (a header the request has itself wins), Host the
     target's; the proxy connection is kept alive and reused."""
     with FaultProxy(auth=("user", SECRET)) as proxy:
         url = f"http://user:{SECRET}@127.0.0.1:{proxy.port}"
         spec = httpx.Proxy(url, headers={"X-Via-Test": "1", "X-Both": "proxy"})
-        transport = BulkheadTransport(proxy=spec)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour, proxy=spec)
+        async with client_for(transport) as client:
             first = await client.get(f"{target.url}/headers?q=1", headers={"X-Both": "mine"})
             second = await client.get(f"{target.url}/headers")
             stats = transport.statistics()[f"http://127.0.0.1:{target.port}"]
@@ -117,14 +122,14 @@ async def test_http_is_forwarded_with_the_proxy_headers(target: HypercornServer)
 
 
 async def test_http_through_tinyproxy_which_closes_after_each(
-    egress: ProxyEgress, target: HypercornServer
+    egress: ProxyEgress, target: HypercornServer, flavour: Flavour
 ) -> None:
     """tinyproxy closes the client connection after each forwarded request: the next one
     sees it closed while idle, discards it and dials again; nothing fails."""
     with TinyProxy(egress, auth=("user", SECRET)) as proxy:
         port = int(proxy.url.rsplit(":", 1)[1])
-        transport = BulkheadTransport(proxy=f"http://user:{SECRET}@127.0.0.1:{port}")
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour, proxy=f"http://user:{SECRET}@127.0.0.1:{port}")
+        async with client_for(transport) as client:
             for _ in range(3):
                 assert (await client.get(f"{target.url}/")).text == "hello"
         assert proxy.requests().count(("GET", f"{target.url}/")) == 3
@@ -135,12 +140,13 @@ async def test_http_through_tinyproxy_which_closes_after_each(
 
 async def test_forwarding_speaks_http11_to_the_proxy_even_with_http1_off(
     target: HypercornServer,
+    flavour: Flavour,
 ) -> None:
     """With ``http1=False`` an http:// target is HTTP/2 by prior knowledge when direct;
     forwarded through an HTTP proxy it is HTTP/1.1 to the proxy, as with httpcore."""
     with FaultProxy() as proxy:
-        transport = BulkheadTransport(proxy=proxy.url, http1=False, http2=True)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour, proxy=proxy.url, http1=False, http2=True)
+        async with client_for(transport) as client:
             async with anyio.create_task_group() as tg:
                 for _ in range(3):
                     tg.start_soon(client.get, f"{target.url}/")
@@ -154,16 +160,20 @@ async def test_forwarding_speaks_http11_to_the_proxy_even_with_http1_off(
 
 
 async def test_trace_events_through_a_tunnel(
-    egress: ProxyEgress, tls_target: HypercornServer
+    egress: ProxyEgress, tls_target: HypercornServer, flavour: Flavour
 ) -> None:
     events: list[tuple[str, dict[str, object]]] = []
 
-    async def trace(name: str, info: dict[str, object]) -> None:
+    def record(name: str, info: dict[str, object]) -> None:
         events.append((name, info))
 
+    async def trace(name: str, info: dict[str, object]) -> None:
+        record(name, info)
+
     with TinyProxy(egress) as proxy:
-        async with httpx.AsyncClient(transport=trusting(proxy=proxy.url)) as client:
-            await client.get(f"{tls_target.url}/", extensions={"trace": trace})
+        async with client_for(trusting(flavour, proxy=proxy.url)) as client:
+            hook = record if flavour == "sync" else trace
+            await client.get(f"{tls_target.url}/", extensions={"trace": hook})
     names = [name for name, _ in events if name.startswith("connection.")]
     assert names == [
         "connection.connect_tcp.started",
@@ -176,13 +186,13 @@ async def test_trace_events_through_a_tunnel(
 
 
 async def test_https_through_connect_verifies_the_target_and_speaks_h2(
-    egress: ProxyEgress, tls_target: HypercornServer
+    egress: ProxyEgress, tls_target: HypercornServer, flavour: Flavour
 ) -> None:
     with TinyProxy(egress) as proxy:
         transport = trusting(
-            proxy=proxy.url, http2=True, default=Policy(max_streams_per_connection=3)
+            flavour, proxy=proxy.url, http2=True, default=Policy(max_streams_per_connection=3)
         )
-        async with httpx.AsyncClient(transport=transport) as client:
+        async with client_for(transport) as client:
             url = f"https://localhost:{tls_target.port}/"
             responses = [await client.get(url) for _ in range(2)]
             assert {r.http_version for r in responses} == {"HTTP/2"}
@@ -196,18 +206,20 @@ async def test_https_through_connect_verifies_the_target_and_speaks_h2(
 
         # The default context (certifi) does not trust the test CA: the target's
         # certificate is what is checked, not the proxy's.
-        async with httpx.AsyncClient(transport=BulkheadTransport(proxy=proxy.url)) as client:
+        async with client_for(make_transport(flavour, proxy=proxy.url)) as client:
             with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 await client.get(f"https://127.0.0.1:{tls_target.port}/")
 
 
-async def test_a_wrong_host_certificate_fails_inside_the_tunnel(egress: ProxyEgress) -> None:
+async def test_a_wrong_host_certificate_fails_inside_the_tunnel(
+    egress: ProxyEgress, flavour: Flavour
+) -> None:
     with (
         HypercornServer(TestApp(), tls=wrong_host_server_tls()) as wrong,
         TinyProxy(egress) as proxy,
     ):
-        transport = trusting(proxy=proxy.url)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = trusting(flavour, proxy=proxy.url)
+        async with client_for(transport) as client:
             with pytest.raises(httpx.ConnectError, match=r"mismatch|doesn't match|not valid"):
                 await client.get(f"https://127.0.0.1:{wrong.port}/")
         stats = transport.statistics()[f"https://127.0.0.1:{wrong.port}"]
@@ -215,13 +227,13 @@ async def test_a_wrong_host_certificate_fails_inside_the_tunnel(egress: ProxyEgr
 
 
 async def test_tls_inside_an_https_proxy(
-    egress: ProxyEgress, tls_target: HypercornServer, target: HypercornServer
+    egress: ProxyEgress, tls_target: HypercornServer, target: HypercornServer, flavour: Flavour
 ) -> None:
     tls = default_server_tls()
     with PProxy("https", egress, tls=tls) as proxy:
         spec = httpx.Proxy(proxy.url, ssl_context=tls.client_ssl_context())
-        transport = trusting(proxy=spec, http2=True)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = trusting(flavour, proxy=spec, http2=True)
+        async with client_for(transport) as client:
             response = await client.get(f"{tls_target.url}/")
             again = await client.get(f"{tls_target.url}/")
             stream = response.extensions["network_stream"]
@@ -237,20 +249,24 @@ async def test_tls_inside_an_https_proxy(
 
         # An https proxy without its own context is checked with the default one
         # (certifi), which does not trust the test CA: a ConnectError naming the proxy.
-        async with httpx.AsyncClient(transport=trusting(proxy=proxy.url)) as client:
+        async with client_for(trusting(flavour, proxy=proxy.url)) as client:
             with pytest.raises(httpx.ConnectError, match=f"proxy {proxy.url}"):
                 await client.get(f"{tls_target.url}/")
 
 
 @pytest.mark.parametrize("scheme", ["socks5", "socks5h"])
 async def test_socks5_with_and_without_remote_dns(
-    egress: ProxyEgress, tls_target: HypercornServer, target: HypercornServer, scheme: str
+    egress: ProxyEgress,
+    tls_target: HypercornServer,
+    target: HypercornServer,
+    scheme: str,
+    flavour: Flavour,
 ) -> None:
     """socks5:// resolves the name here and sends the address; socks5h:// sends the name."""
     with PProxy("socks5", egress) as proxy:
         url = proxy.url.replace("socks5://", f"{scheme}://")
-        transport = trusting(proxy=url)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = trusting(flavour, proxy=url)
+        async with client_for(transport) as client:
             assert (await client.get(f"https://localhost:{tls_target.port}/")).text == "hello"
             assert (await client.get(f"http://localhost:{target.port}/")).text == "hello"
         host = "localhost" if scheme == "socks5h" else "127.0.0.1"
@@ -260,16 +276,17 @@ async def test_socks5_with_and_without_remote_dns(
         ]
 
 
-async def test_socks5_credentials(target: HypercornServer) -> None:
+async def test_socks5_credentials(target: HypercornServer, flavour: Flavour) -> None:
     with ProxyEgress(auth=("user", SECRET)) as socks:
-        good = trusting(proxy=f"socks5://user:{SECRET}@127.0.0.1:{socks.port}")
-        async with httpx.AsyncClient(transport=good) as client:
+        good = trusting(flavour, proxy=f"socks5://user:{SECRET}@127.0.0.1:{socks.port}")
+        async with client_for(good) as client:
             response = await client.get(f"{target.url}/")
         assert response.extensions["bulkhead"].proxy == f"socks5://127.0.0.1:{socks.port}"
-        bad = BulkheadTransport(
-            proxy=httpx.Proxy(f"socks5://127.0.0.1:{socks.port}", auth=("user", "x" + SECRET))
+        bad = make_transport(
+            flavour,
+            proxy=httpx.Proxy(f"socks5://127.0.0.1:{socks.port}", auth=("user", "x" + SECRET)),
         )
-        async with httpx.AsyncClient(transport=bad) as client:
+        async with client_for(bad) as client:
             with pytest.raises(
                 httpx.ProxyError, match="refused the user name and password"
             ) as info:
@@ -293,13 +310,13 @@ async def test_socks5_credentials(target: HypercornServer) -> None:
     ids=["407", "403", "502", "garbage", "mid-head", "leftover"],
 )
 async def test_tunnel_faults_are_proxy_errors(
-    tls_target: HypercornServer, fault: object, says: str
+    tls_target: HypercornServer, fault: object, says: str, flavour: Flavour
 ) -> None:
     script: Callable[[object], object] = lambda request: fault  # noqa: E731
     with FaultProxy(script=script) as proxy:  # type: ignore[arg-type]
         url = f"http://user:{SECRET}@127.0.0.1:{proxy.port}"
-        transport = trusting(proxy=url)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = trusting(flavour, proxy=url)
+        async with client_for(transport) as client:
             with pytest.raises(httpx.ProxyError, match=says) as info:
                 await client.get(f"{tls_target.url}/")
             assert str(info.value).startswith(f"proxy http://127.0.0.1:{proxy.port} ")
@@ -312,12 +329,14 @@ async def test_tunnel_faults_are_proxy_errors(
         agree(transport)
 
 
-async def test_an_unreachable_proxy_is_a_connect_error_naming_it(target: HypercornServer) -> None:
+async def test_an_unreachable_proxy_is_a_connect_error_naming_it(
+    target: HypercornServer, flavour: Flavour
+) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    transport = BulkheadTransport(proxy=f"http://user:{SECRET}@127.0.0.1:{port}")
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = make_transport(flavour, proxy=f"http://user:{SECRET}@127.0.0.1:{port}")
+    async with client_for(transport) as client:
         with pytest.raises(
             httpx.ConnectError, match=f"cannot connect to proxy http://127.0.0.1:{port}"
         ) as info:
@@ -325,28 +344,31 @@ async def test_an_unreachable_proxy_is_a_connect_error_naming_it(target: Hyperco
     no_secret(info.value)
 
 
-async def test_a_silent_proxy_is_cut_by_the_connect_timeout(tls_target: HypercornServer) -> None:
+async def test_a_silent_proxy_is_cut_by_the_connect_timeout(
+    tls_target: HypercornServer, flavour: Flavour
+) -> None:
     with FaultProxy(script=lambda request: never_answer()) as proxy:
-        transport = trusting(proxy=proxy.url)
-        async with httpx.AsyncClient(
-            transport=transport, timeout=httpx.Timeout(5, connect=0.2)
-        ) as client:
+        transport = trusting(flavour, proxy=proxy.url)
+        async with client_for(transport, timeout=httpx.Timeout(5, connect=0.2)) as client:
+            started = time.monotonic()
             with anyio.fail_after(3):  # the connect timeout, not the read timeout, cuts it
                 with pytest.raises(httpx.ConnectTimeout, match="through proxy"):
                     await client.get(f"{tls_target.url}/")
+            # (a worker thread is not cancelled by fail_after: the sync flavour's bound)
+            assert time.monotonic() - started < 3
         stats = transport.statistics()[f"https://127.0.0.1:{tls_target.port}"]
         assert (stats.connections, stats.failed) == (0, 1)
 
 
 async def test_credentials_stay_out_of_logs_and_reprs(
-    tls_target: HypercornServer, caplog: pytest.LogCaptureFixture
+    tls_target: HypercornServer, caplog: pytest.LogCaptureFixture, flavour: Flavour
 ) -> None:
     caplog.set_level(logging.DEBUG)
     with FaultProxy(script=lambda request: refuse(407, "Proxy Authentication Required")) as proxy:
         transport = trusting(
-            proxy=httpx.Proxy(f"http://127.0.0.1:{proxy.port}", auth=("u", SECRET))
+            flavour, proxy=httpx.Proxy(f"http://127.0.0.1:{proxy.port}", auth=("u", SECRET))
         )
-        async with httpx.AsyncClient(transport=transport) as client:
+        async with client_for(transport) as client:
             with pytest.raises(httpx.ProxyError) as info:
                 await client.get(f"{tls_target.url}/")
         no_secret(
@@ -362,7 +384,7 @@ async def test_credentials_stay_out_of_logs_and_reprs(
 
 @pytest.mark.parametrize("kind", ["forward", "tunnel"])
 async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
-    papp: TestApp, egress: ProxyEgress, kind: str, unique: Callable[[str], str]
+    papp: TestApp, egress: ProxyEgress, kind: str, unique: Callable[[str], str], flavour: Flavour
 ) -> None:
     """Two targets through one proxy, one slow (its requests parked): the fast one is
     served throughout, and the proxy never holds more connections to a target than its
@@ -376,12 +398,13 @@ async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
     ):
         slow_key = f"127.0.0.1:{slow.port}"
         transport = trusting(
+            flavour,
             proxy=proxy.url,
             hosts={slow_key: Policy(max_concurrency=2, max_pending=10)},
             default=Policy(max_concurrency=3),
         )
         stats = transport.statistics
-        async with httpx.AsyncClient(transport=transport, timeout=TIMEOUT) as client:
+        async with client_for(transport, timeout=TIMEOUT) as client:
             async with anyio.create_task_group() as tg:
                 for _ in range(6):
                     tg.start_soon(client.get, f"{slow.url}/gate/{gate.name}")
@@ -397,13 +420,62 @@ async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
         agree(transport)
 
 
+@pytest.mark.parametrize("kind", ["forward", "tunnel"])
+async def test_32_callers_on_each_of_two_targets_behind_one_proxy(
+    papp: TestApp, kind: str, unique: Callable[[str], str], flavour: Flavour
+) -> None:
+    """Where concurrency matters (sync: 64 worker threads): 32 callers on a slow target
+    (parked at a gate) and 32 on a fast one, through one proxy.  All the fast ones complete
+    while the slow ones are parked; the proxy never holds more connections to a target
+    than its compartment's limit; once the gate opens, the slow ones complete too."""
+    gate = papp.gate(unique("slow32"))
+    tls = default_server_tls() if kind == "tunnel" else None
+    with (
+        HypercornServer(papp, tls=tls) as slow,
+        HypercornServer(papp, tls=tls) as fast,
+        FaultProxy() as proxy,
+    ):
+        slow_key, fast_key = f"127.0.0.1:{slow.port}", f"127.0.0.1:{fast.port}"
+        limits = Policy(max_concurrency=4, max_pending=32)
+        transport = trusting(flavour, proxy=proxy.url, hosts={slow_key: limits, fast_key: limits})
+        stats = transport.statistics
+        answers: list[str] = []
+
+        async def fast_call() -> None:
+            answers.append((await client.get(f"{fast.url}/")).text)
+
+        async with client_for(transport, timeout=TIMEOUT) as client:
+            async with anyio.create_task_group() as tg:
+                for _ in range(32):
+                    tg.start_soon(client.get, f"{slow.url}/gate/{gate.name}")
+                await gate.until_entered(4)
+                await until(lambda: stats()[slow_key].waiting == 28)
+                async with anyio.create_task_group() as fast_tg:
+                    for _ in range(32):
+                        fast_tg.start_soon(fast_call)
+                assert answers == ["hello"] * 32
+                assert gate.entered == 4 and stats()[slow_key].running == 4
+                gate.open()
+        assert proxy.ledger.stats(slow_key).peak <= 4
+        assert 1 <= proxy.ledger.stats(fast_key).peak <= 4
+        s = stats()
+        assert (s[slow_key].completed, s[fast_key].completed) == (32, 32)
+        assert (s[slow_key].failed, s[fast_key].failed) == (0, 0)
+        assert (s[fast_key].rejected, s[fast_key].acquire_timeouts) == (0, 0)
+        agree(transport)
+
+
 async def test_request_timeout_through_a_tunnel_discards_the_connection(
-    papp: TestApp, egress: ProxyEgress, tls_target: HypercornServer, unique: Callable[[str], str]
+    papp: TestApp,
+    egress: ProxyEgress,
+    tls_target: HypercornServer,
+    unique: Callable[[str], str],
+    flavour: Flavour,
 ) -> None:
     gate = papp.gate(unique("rt"))
     with TinyProxy(egress) as proxy:
-        transport = trusting(proxy=proxy.url, default=Policy(request_timeout=0.3))
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = trusting(flavour, proxy=proxy.url, default=Policy(request_timeout=0.3))
+        async with client_for(transport) as client:
             with pytest.raises(RequestTimeout):
                 await client.get(f"{tls_target.url}/gate/{gate.name}")
             gate.open()
@@ -412,10 +484,12 @@ async def test_request_timeout_through_a_tunnel_discards_the_connection(
         assert (s.unknown_state, s.connections_created, s.completed, s.failed) == (1, 2, 1, 1)
 
 
-async def test_idle_tunnels_expire(egress: ProxyEgress, tls_target: HypercornServer) -> None:
+async def test_idle_tunnels_expire(
+    egress: ProxyEgress, tls_target: HypercornServer, flavour: Flavour
+) -> None:
     with TinyProxy(egress) as proxy:
-        transport = trusting(proxy=proxy.url, default=Policy(idle_timeout=0.05))
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = trusting(flavour, proxy=proxy.url, default=Policy(idle_timeout=0.05))
+        async with client_for(transport) as client:
             assert (await client.get(f"{tls_target.url}/")).text == "hello"
             key = f"https://127.0.0.1:{tls_target.port}"
             await until(lambda: transport.statistics()[key].idle_expired == 1)
@@ -424,7 +498,9 @@ async def test_idle_tunnels_expire(egress: ProxyEgress, tls_target: HypercornSer
             await egress.ledger.until(lambda led: led.stats(target).open_now == 0)
 
 
-async def test_stale_retry_through_a_forwarding_proxy(target: HypercornServer) -> None:
+async def test_stale_retry_through_a_forwarding_proxy(
+    target: HypercornServer, flavour: Flavour
+) -> None:
     """The proxy closes a kept-alive connection when the next request arrives, before any
     response byte: the request is sent again on a new connection, as without a proxy."""
     seen: list[int] = []
@@ -434,8 +510,8 @@ async def test_stale_retry_through_a_forwarding_proxy(target: HypercornServer) -
         return Send(b"", "close") if len(seen) == 2 else None
 
     with FaultProxy(script=script) as proxy:
-        transport = BulkheadTransport(proxy=proxy.url)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour, proxy=proxy.url)
+        async with client_for(transport) as client:
             assert (await client.get(f"{target.url}/")).text == "hello"
             again = await client.get(f"{target.url}/")
         assert again.text == "hello" and again.extensions["bulkhead"].retried
@@ -445,16 +521,17 @@ async def test_stale_retry_through_a_forwarding_proxy(target: HypercornServer) -
 
 
 async def test_tunnels_expire_at_their_lifetime(
-    egress: ProxyEgress, tls_target: HypercornServer
+    egress: ProxyEgress, tls_target: HypercornServer, flavour: Flavour
 ) -> None:
     now = [0.0]
     with TinyProxy(egress) as proxy:
         transport = trusting(
+            flavour,
             proxy=proxy.url,
             default=Policy(max_lifetime=10.0, lifetime_jitter=0.0),
             _clock=lambda: now[0],
         )
-        async with httpx.AsyncClient(transport=transport) as client:
+        async with client_for(transport) as client:
             first = await client.get(f"{tls_target.url}/")
             now[0] = 11.0
             second = await client.get(f"{tls_target.url}/")
@@ -467,12 +544,12 @@ async def test_tunnels_expire_at_their_lifetime(
         assert proxy.requests().count(("CONNECT", f"127.0.0.1:{tls_target.port}")) == 2
 
 
-async def test_many_origins_through_one_proxy_stay_bounded() -> None:
+async def test_many_origins_through_one_proxy_stay_bounded(flavour: Flavour) -> None:
     """Distinct origins through one proxy: compartments (and their pools) are evicted as
     without a proxy; nothing per origin is kept beyond them."""
     with FaultProxy() as proxy:
-        transport = BulkheadTransport(proxy=proxy.url, max_default_compartments=4)
-        async with httpx.AsyncClient(transport=transport) as client:
+        transport = make_transport(flavour, proxy=proxy.url, max_default_compartments=4)
+        async with client_for(transport) as client:
             for port in range(1, 41):  # closed ports: the proxy answers 502 for each
                 response = await client.get(f"http://127.0.0.1:{port}/")
                 assert response.status_code == 502

@@ -16,13 +16,8 @@ import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead._proxy import (
-    ConnectHandshake,
-    Handshake,
-    Socks5Handshake,
-    run_handshake,
-    tunnel_authority,
-)
+from httpx_bulkhead._proxied import run_handshake
+from httpx_bulkhead._proxy import ConnectHandshake, Handshake, Socks5Handshake, tunnel_authority
 from httpx_bulkhead._stacked import StackedTLSStream
 from httpx_bulkhead._streams import AnyioStream
 from httpx_bulkhead._tls import TLSEngine

@@ -1,7 +1,7 @@
 """The features merged beside the sync transport, on ``BulkheadHTTPTransport``: leak
 detection, the exporters' histograms and adaptive limits come through the generated shell;
-the fleet limit and proxies are refused by name, and an environment proxy is never
-bypassed (the request fails with ``httpx.ProxyError`` instead of going direct)."""
+the fleet limit is refused by name, and an environment proxy is used, never bypassed
+(the proxy tests themselves run for both transports: ``test_proxy_*.py``)."""
 
 from __future__ import annotations
 
@@ -93,26 +93,30 @@ def test_the_fleet_limit_is_refused_by_name() -> None:
         transport.handle_request(httpx.Request("GET", "http://127.0.0.1:9/"))
 
 
-def test_proxy_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"proxy= is not supported by BulkheadHTTPTransport"):
-        BulkheadHTTPTransport(proxy="http://127.0.0.1:9")
+def test_proxy_with_uds_or_network_is_refused_as_by_the_async_transport() -> None:
+    with pytest.raises(ValueError, match=r"proxy= cannot be used with uds="):
+        BulkheadHTTPTransport(proxy="http://127.0.0.1:9", uds="/tmp/nowhere.sock")
 
 
-def test_an_environment_proxy_is_never_bypassed(
+def test_an_environment_proxy_is_used_never_bypassed(
     server: HypercornServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # the discard port: nobody there
-    monkeypatch.setenv("NO_PROXY", "exempt.test")
     transport = BulkheadHTTPTransport()
     url = f"{server.url}/"
-    with pytest.raises(httpx.ProxyError, match=r"through the proxy http://127\.0\.0\.1:9"):
+    # Through the (absent) proxy, so a ConnectError naming it: never a direct request.
+    with pytest.raises(httpx.ConnectError, match=r"proxy http://127\.0\.0\.1:9"):
         transport.handle_request(httpx.Request("GET", url))
     [stats] = transport.statistics().values()
-    assert (stats.connections_created, stats.running) == (0, 0)
+    assert (stats.connections_created, stats.running, stats.failed) == (0, 0, 1)
     transport.close()
-    # trust_env=False: no proxy table, the request goes direct.
+    # NO_PROXY exempts the host (read at construction), and trust_env=False reads nothing.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with httpx.Client(transport=BulkheadHTTPTransport(), trust_env=False) as c:
+        assert c.get(url).text == "hello"
+    monkeypatch.delenv("NO_PROXY")
     with httpx.Client(transport=BulkheadHTTPTransport(trust_env=False), trust_env=False) as c:
         assert c.get(url).text == "hello"

@@ -333,8 +333,11 @@ class PProxy(_ProxyProcess):
         command = [
             sys.executable,
             "-u",  # unbuffered: requests() reads its log as it goes
-            "-m",
-            "pproxy",
+            "-c",
+            # pproxy installs uvloop when it can import it, and fails with uvloop >= 0.22
+            # (no current event loop): run it on asyncio's own loop.
+            "import runpy, sys; sys.modules['uvloop'] = None;"
+            " runpy.run_module('pproxy', run_name='__main__', alter_sys=True)",
             "-v",
             "-l",
             f"{listen}://{LOCALHOST}:{self.port}",
