@@ -36,6 +36,8 @@ from tests.resources import FdSnapshot, assert_no_fd_growth
 from tests.servers import RawServer
 from tests.servers.raw import RawConn, request_path
 
+from .threads import left_behind, transport_threads
+
 SEED = int(os.environ.get("BULKHEAD_REVIEW_ADAPTIVE_SEED", "0"))
 THREADS = 24
 REQUESTS = 12
@@ -70,6 +72,7 @@ def check(stats: CompartmentStats) -> None:
 def test_adaptive_limit_under_a_hostile_server_and_many_threads() -> None:
     gc.collect()
     before = FdSnapshot.take()
+    threads_before = transport_threads()
     rng = random.Random(SEED)
     schedule = [
         [rng.choice(["/503", "/503", "/stall", "/ok", "/big"]) for _ in range(REQUESTS)]
@@ -119,5 +122,5 @@ def test_adaptive_limit_under_a_hostile_server_and_many_threads() -> None:
             [stats] = transport.statistics().values()
             check(stats)
             assert stats.limit > SPEC.min_limit, stats.limit_history[-5:]
-        assert [t for t in threading.enumerate() if t.name.startswith("httpx_bulkhead")] == []
+        assert left_behind(threads_before) == []
     assert_no_fd_growth(before)

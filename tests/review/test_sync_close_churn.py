@@ -27,18 +27,17 @@ from tests.servers import RawServer
 from tests.servers.h2script import H2ScriptServer
 from tests.servers.raw import keepalive_ok
 
+from .threads import left_behind, transport_threads
+
 RUNS = int(os.environ.get("BULKHEAD_REVIEW_CLOSE_RUNS", "2"))
 FIRST_SEED = int(os.environ.get("BULKHEAD_REVIEW_CLOSE_SEED", "0"))
 THREADS = 32
 WAIT = 20.0
 
 
-def transport_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("httpx_bulkhead")]
-
-
 def one_run(seed: int, url: str, options: dict[str, bool]) -> None:
     rng = random.Random(seed)
+    threads_before = transport_threads()
     policy = Policy(
         max_concurrency=6,
         max_connections=3,
@@ -72,7 +71,7 @@ def one_run(seed: int, url: str, options: dict[str, bool]) -> None:
         thread.start()
     time.sleep(0.1 + rng.random() * 0.4)
     client.close()
-    assert transport_threads() == [], f"seed {seed}: a thread outlives close()"
+    assert left_behind(threads_before) == [], f"seed {seed}: a thread outlives close()"
     for thread in threads:
         thread.join(WAIT)
     assert not any(t.is_alive() for t in threads), f"seed {seed}: a thread hangs"

@@ -27,6 +27,8 @@ from httpx_bulkhead import BulkheadHTTPTransport, Policy
 from tests.resources import FdSnapshot, assert_no_fd_growth
 from tests.servers.h2script import H2Reset, H2ScriptServer
 
+from .threads import left_behind, transport_threads
+
 SEED = int(os.environ.get("BULKHEAD_REVIEW_H2_SEED", "0"))
 THREADS = 16
 REQUESTS = 10
@@ -37,6 +39,7 @@ PATHS = ["/ok", "/ok", "/bytes/200000", "/reset", "/reset-late", "/hold/never"]
 def test_threads_sharing_h2_streams_with_a_hostile_server() -> None:
     gc.collect()
     before = FdSnapshot.take()
+    threads_before = transport_threads()
     rng = random.Random(SEED)
     schedule = [[rng.choice(PATHS) for _ in range(REQUESTS)] for _ in range(THREADS)]
     handoff = [[rng.random() < 0.25 for _ in range(REQUESTS)] for _ in range(THREADS)]
@@ -109,6 +112,6 @@ def test_threads_sharing_h2_streams_with_a_hostile_server() -> None:
         assert stats.acquired == stats.completed + stats.failed + stats.cancelled, stats
         assert client.get(f"{srv.url}/ok").status_code == 200
         client.close()
-        assert [t for t in threading.enumerate() if t.name.startswith("httpx_bulkhead")] == []
+        assert left_behind(threads_before) == []
         srv.wait_until(lambda: srv.open_streams == 0, timeout=WAIT)
     assert_no_fd_growth(before)

@@ -32,6 +32,8 @@ from tests.resources import FdSnapshot, assert_no_fd_growth
 from tests.servers import RawServer
 from tests.servers.raw import RawConn, request_path
 
+from .threads import left_behind, transport_threads
+
 RUNS = int(os.environ.get("BULKHEAD_REVIEW_INTERRUPT_RUNS", "3"))
 FIRST_SEED = int(os.environ.get("BULKHEAD_REVIEW_INTERRUPT_SEED", "0"))
 THREADS = 8
@@ -57,12 +59,9 @@ def odd_503(conn: RawConn) -> None:
         conn.send_response(503 if request_path(request) == b"/1" else 200, b"ok")
 
 
-def transport_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("httpx_bulkhead")]
-
-
 def one_run(seed: int, url: str, adaptive: bool) -> None:
     rng = random.Random(seed)
+    threads_before = transport_threads()
     limit: int | AdaptiveLimit = 2
     if adaptive:  # the limit moves both ways while waiters are interrupted
         limit = AdaptiveLimit(
@@ -117,7 +116,7 @@ def one_run(seed: int, url: str, adaptive: bool) -> None:
     assert stats.completed >= outcomes.count("ok"), (seed, stats)
     assert client.get(f"{url}/0").status_code == 200
     client.close()
-    assert transport_threads() == [], f"seed {seed}: threads outlive close()"
+    assert left_behind(threads_before) == [], f"seed {seed}: threads outlive close()"
 
 
 # An interrupt that lands inside ``socket.create_connection`` (or just after it returned)
