@@ -407,7 +407,7 @@ class TimerHandle:
 class Timers:
     """A sync transport's loop lock, timers and hand-offs (see the module docstring)."""
 
-    __slots__ = ("_closed", "_cond", "_heap", "_ready", "_seq", "_thread", "lock")
+    __slots__ = ("_closed", "_cond", "_exiting", "_heap", "_ready", "_seq", "_thread", "lock")
 
     def __init__(self) -> None:
         self.lock = LoopLock()
@@ -418,6 +418,9 @@ class Timers:
         self._ready: deque[TimerHandle] = deque()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        # The last thread that left for lack of work: still alive for a moment after
+        # ``_next`` gave up, so ``close()`` joins it too.
+        self._exiting: threading.Thread | None = None
         self._closed = False
 
     def call_later(self, delay: float, callback: Callback) -> TimerHandle:
@@ -463,14 +466,16 @@ class Timers:
             self._closed = True
             self._heap.clear()
             self._ready.clear()
-            thread = self._thread
+            threads = [t for t in (self._thread, self._exiting) if t is not None]
             self._cond.notify_all()
-        if thread is not None and thread is not threading.current_thread():
+        threads = [t for t in threads if t is not threading.current_thread()]
+        if threads:
             lock = _held()  # it may be waiting for the loop lock to see that it is closed
             try:
                 if lock is not None:
                     lock.release()
-                thread.join()
+                for thread in threads:
+                    thread.join()
             finally:
                 _reacquire(lock)
 
@@ -494,6 +499,7 @@ class Timers:
             while True:
                 if self._closed:
                     self._thread = None
+                    self._exiting = threading.current_thread()
                     return None
                 if self._ready:
                     return self._ready.popleft()
@@ -502,6 +508,7 @@ class Timers:
                     heapq.heappop(heap)
                 if not heap:
                     self._thread = None  # idle: the next timer starts a new thread
+                    self._exiting = threading.current_thread()
                     return None
                 delay = heap[0][0] - time.monotonic()
                 if delay <= 0:
