@@ -248,10 +248,14 @@ class Socks5Handshake:
                 raise httpx.ProxyError(
                     f"SOCKS5 proxy {self._proxy} refused the tunnel to {self._target}: {name}"
                 )
+        if len(head) >= 3 and head[2] != 0:
+            raise self._invalid(f"reserved byte {head[2]:#04x}")  # RFC 1928 §6: X'00'
         if len(head) < 5:
             return None
         kind = head[3]
         if kind == 0x03:
+            if head[4] == 0:
+                raise self._invalid("an empty bound address name")
             return 4 + 1 + head[4] + 2
         if kind not in _ADDRESS_LENGTHS:
             raise self._invalid(f"address type {kind:#04x}")

@@ -9,7 +9,9 @@ The deadline holds whatever the caller does: each read is bounded by it (data al
 buffered is not handed out after it), and a timer ends the exchange of a response held
 unread past it; the caller's next read then raises ``RequestTimeout``.  A response the
 garbage collector frees unclosed is ended on the loop that owns the transport (the
-collector may run in any thread): ``__del__`` only hands the work over.
+collector may run in any thread): ``__del__`` only hands the work over.  A body closed
+before its end raises ``httpx.StreamClosed`` for whoever iterates it next (another task or
+thread that was reading it): the end of the stream is never taken for the end of the body.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class ResponseStream(httpx.AsyncByteStream):
     def __aiter__(self) -> AsyncIterator[bytes]:
         # An iterator object rather than an async generator: nothing to finalize if the
         # caller stops early (the slot is returned by ``aclose``).
-        if self._finished and self._error is None:
+        if self._finished and (self._error is None or isinstance(self._error, httpx.StreamClosed)):
             raise httpx.StreamClosed()
         return self
 
@@ -91,14 +93,23 @@ class ResponseStream(httpx.AsyncByteStream):
             self._reading = False
         if chunk is None:
             await self._finish(None)
+            if self._error is not None:  # closed meanwhile, by another task or thread
+                raise self._error
             raise StopAsyncIteration
         return chunk
 
     async def aclose(self) -> None:
         """Close the response.  A body not read to the end leaves an HTTP/1.1 connection in
         an unknown state (it is closed) and an HTTP/2 stream open (it is reset)."""
-        if not self._finished:
-            await self._finish(None if self._exchange.finish_buffered() else ClosedEarly())
+        if self._finished:
+            return
+        if self._exchange.finish_buffered():
+            await self._finish(None)
+        else:
+            # Whoever iterates the body next (another task or thread, or the iteration the
+            # caller left) must not take the end of the stream for the end of the body.
+            self._error = httpx.StreamClosed()
+            await self._finish(ClosedEarly())
 
     async def fail(self, exc: BaseException) -> None:
         """The response could not be handed over: end the exchange as cut by ``exc``."""

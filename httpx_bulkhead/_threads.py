@@ -79,73 +79,90 @@ _MIN_WAIT = 1e-6
 
 # -- the loop lock ---------------------------------------------------------------------------
 class LoopLock:
-    """Held by a thread while it runs transport code (see the module docstring)."""
+    """Held by a thread while it runs transport code (see the module docstring).
 
-    __slots__ = ("_lock", "_owner")
+    An interrupt (``KeyboardInterrupt``, or any exception raised in the thread from
+    outside) can land between any two steps of Python code, so the lock is a C ``RLock``:
+    taking it and recording its owner is one call, giving it back another, and ownership
+    is asked of the lock itself.  Every path tests ownership inside the ``try`` that gives
+    the lock back, so an interrupt landing just before or after either call neither leaks
+    the lock (every other thread, and the timer thread, would wait for ever) nor takes it
+    twice."""
+
+    __slots__ = ("_lock",)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: int | None = None
+        self._lock = threading.RLock()
 
     def held(self) -> bool:
         """Whether the calling thread holds it."""
-        return self._owner == threading.get_ident()
+        owned: bool = self._lock._is_owned()  # type: ignore[attr-defined]
+        return owned
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` holding the lock (re-entrant for the thread holding it)."""
-        if self._owner == threading.get_ident():
+        lock = self._lock
+        if lock._is_owned():  # type: ignore[attr-defined]
             return fn(*args)
         previous = getattr(_local, "lock", None)
-        self.acquire()
-        _local.lock = self
         try:
+            lock.acquire()
+            _local.lock = self
             return fn(*args)
         finally:
             _local.lock = previous
-            self.release()
+            self._give_back()
 
     def try_run(self, fn: Callable[[], T], timeout: float) -> tuple[bool, T | None]:
         """Like ``run``, giving up after ``timeout`` seconds: ``(False, None)``."""
-        if self._owner == threading.get_ident():
+        lock = self._lock
+        if lock._is_owned():  # type: ignore[attr-defined]
             return True, fn()
-        if not self._lock.acquire(timeout=timeout):
-            return False, None
-        self._owner = threading.get_ident()
         previous = getattr(_local, "lock", None)
-        _local.lock = self
         try:
+            if not lock.acquire(timeout=timeout):
+                return False, None
+            _local.lock = self
             return True, fn()
         finally:
             _local.lock = previous
-            self.release()
+            self._give_back()
 
     def acquire(self) -> None:
         self._lock.acquire()
-        self._owner = threading.get_ident()
 
     def release(self) -> None:
-        self._owner = None
         self._lock.release()
 
+    def _give_back(self) -> None:
+        """Release if held (one call: an interrupt after it finds the lock given back)."""
+        # Not contextlib.suppress: its __enter__ is Python code an interrupt can land in.
+        try:  # noqa: SIM105
+            self._lock.release()
+        except RuntimeError:  # not ours: interrupted before or while taking it
+            pass
 
-def _release() -> LoopLock | None:
-    """Let go of the loop lock this thread holds (if any) before it waits."""
+
+def _held() -> LoopLock | None:
+    """The loop lock this thread holds (if any)."""
     lock: LoopLock | None = getattr(_local, "lock", None)
-    if lock is None or lock._owner != threading.get_ident():
+    if lock is None or not lock.held():
         return None
-    lock.release()
     return lock
 
 
 def _reacquire(lock: LoopLock | None) -> None:
-    """Take the loop lock back; an interrupt meanwhile is raised once it is held."""
+    """Take the loop lock back (if it was let go); an interrupt meanwhile is raised once
+    it is held.  Ownership is tested inside the ``try``: an interrupt landing right after
+    the lock was taken, or before it was let go, finds it held and never takes it twice."""
     if lock is None:
         return
     pending: BaseException | None = None
     while True:
         try:
+            if lock.held():
+                break
             lock.acquire()
-            break
         except BaseException as exc:  # KeyboardInterrupt: hold the lock first
             pending = exc
     if pending is not None:
@@ -261,8 +278,10 @@ def blocking(call: Callable[[float | None], T], timeout: float | None) -> T:
                 raise Expired(scope)
     if limit is not None and limit < _MIN_WAIT:
         limit = _MIN_WAIT
-    lock = _release()
+    lock = _held()
     try:
+        if lock is not None:
+            lock.release()  # inside the try: an interrupt after it still takes it back
         return call(limit)
     except TimeoutError:
         if by_scope and scope is not None:
@@ -360,8 +379,10 @@ class _Unlocked(Iterator[T]):
         self._inner = inner
 
     def __next__(self) -> T:
-        lock = _release()
+        lock = _held()
         try:
+            if lock is not None:
+                lock.release()
             return next(self._inner)
         finally:
             _reacquire(lock)
@@ -395,7 +416,7 @@ class TimerHandle:
 class Timers:
     """A sync transport's loop lock, timers and hand-offs (see the module docstring)."""
 
-    __slots__ = ("_closed", "_cond", "_heap", "_ready", "_seq", "_thread", "lock")
+    __slots__ = ("_closed", "_cond", "_exiting", "_heap", "_ready", "_seq", "_thread", "lock")
 
     def __init__(self) -> None:
         self.lock = LoopLock()
@@ -406,6 +427,9 @@ class Timers:
         self._ready: deque[TimerHandle] = deque()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        # The last thread that left for lack of work: still alive for a moment after
+        # ``_next`` gave up, so ``close()`` joins it too.
+        self._exiting: threading.Thread | None = None
         self._closed = False
 
     def call_later(self, delay: float, callback: Callback) -> TimerHandle:
@@ -451,12 +475,16 @@ class Timers:
             self._closed = True
             self._heap.clear()
             self._ready.clear()
-            thread = self._thread
+            threads = [t for t in (self._thread, self._exiting) if t is not None]
             self._cond.notify_all()
-        if thread is not None and thread is not threading.current_thread():
-            lock = _release()  # it may be waiting for the loop lock to see that it is closed
+        threads = [t for t in threads if t is not threading.current_thread()]
+        if threads:
+            lock = _held()  # it may be waiting for the loop lock to see that it is closed
             try:
-                thread.join()
+                if lock is not None:
+                    lock.release()
+                for thread in threads:
+                    thread.join()
             finally:
                 _reacquire(lock)
 
@@ -480,6 +508,7 @@ class Timers:
             while True:
                 if self._closed:
                     self._thread = None
+                    self._exiting = threading.current_thread()
                     return None
                 if self._ready:
                     return self._ready.popleft()
@@ -488,6 +517,7 @@ class Timers:
                     heapq.heappop(heap)
                 if not heap:
                     self._thread = None  # idle: the next timer starts a new thread
+                    self._exiting = threading.current_thread()
                     return None
                 delay = heap[0][0] - time.monotonic()
                 if delay <= 0:
