@@ -2,6 +2,8 @@
 
     python -m benchmarks.ab --base abb1359            # base revision vs the working tree
     python -m benchmarks.ab --base main --rounds 12   # more rounds, less noise
+    python -m benchmarks.ab --base HEAD~1 --head HEAD --cases h11,httptools
+                        # two commits (edit the tree meanwhile); only the cases named
 
 What it does: one Node.js server (``server.js``, pinned to the other core, HTTP/1.1 and an
 h2c port) serves every contestant.  Child processes alternate between the two revisions
@@ -103,10 +105,10 @@ asyncio.run(main())
 
 
 @contextlib.contextmanager
-def base_tree(revision: str) -> Iterator[Path]:
+def base_tree(revision: str, name: str = "base") -> Iterator[Path]:
     """``revision`` checked out into a temporary worktree (removed afterwards)."""
     with tempfile.TemporaryDirectory(prefix="bulkhead-ab-") as tmp:
-        path = Path(tmp) / "base"
+        path = Path(tmp) / name
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), revision],
             check=True,
@@ -138,18 +140,33 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8, help="children per revision")
     parser.add_argument("--batches", type=int, default=5, help="batches per case per child")
     parser.add_argument("--json", type=Path, help="also write the raw ratios here")
+    parser.add_argument(
+        "--head", help="git revision to measure instead of the working tree (checked out apart)"
+    )
+    parser.add_argument(
+        "--cases",
+        help="comma-separated prefixes of the case names to run (e.g. h11,httptools); default all",
+    )
     args = parser.parse_args()
+    if args.cases:
+        prefixes = tuple(p.strip() for p in args.cases.split(",") if p.strip())
+        CASES[:] = [case for case in CASES if case[0].startswith(prefixes)]
     results: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
     started = time.monotonic()
-    with base_tree(args.base) as base, NodeServer(ports=1) as h1, NodeServer(http2=True) as h2:
-        trees = {"base": base, "head": ROOT}
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(base_tree(args.base))
+        head = ROOT if args.head is None else stack.enter_context(base_tree(args.head, "head"))
+        h1 = stack.enter_context(NodeServer(ports=1))
+        h2 = stack.enter_context(NodeServer(http2=True))
+        trees = {"base": base, "head": head}
         for round_ in range(args.rounds):
             order = ["base", "head"] if round_ % 2 == 0 else ["head", "base"]
             for name in order:
                 results[name].append(run_child(trees[name], h1.url(), h2.url(), args.batches))
             print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
     print(
-        f"base {args.base} vs head (working tree), {args.rounds} rounds per revision, "
+        f"base {args.base} vs head ({args.head or 'working tree'}), {args.rounds} rounds per"
+        f" revision, "
         f"{time.monotonic() - started:.0f} s; ratio = bulkhead / httpx default, same child"
     )
     print()
