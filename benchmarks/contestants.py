@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -93,8 +93,7 @@ class _HttptoolsConnection(asyncio.Protocol):
             self._waiter.set_result(self._parser.get_status_code())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's: not a subclass)
 
     def data_received(self, data: bytes) -> None:
         self._parser.feed_data(data)

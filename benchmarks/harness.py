@@ -420,8 +420,7 @@ class _H11Connection(asyncio.Protocol):
         self._status = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's: not a subclass)
 
     def data_received(self, data: bytes) -> None:
         self._h11.receive_data(data)
