@@ -333,8 +333,10 @@ class PProxy(_ProxyProcess):
         command = [
             sys.executable,
             "-u",  # unbuffered: requests() reads its log as it goes
-            "-m",
-            "pproxy",
+            "-c",
+            # pproxy installs uvloop when it can import it, and then fails to start with
+            # uvloop >= 0.22 (no current event loop): the tests' proxy runs on asyncio's.
+            "import sys; sys.modules['uvloop'] = None; from pproxy.server import main; main()",
             "-v",
             "-l",
             f"{listen}://{LOCALHOST}:{self.port}",
