@@ -13,7 +13,8 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
   (``BulkheadTransport``, its default h11 codec), ``bulkhead+httptools`` (``BulkheadTransport``
   with ``http1_parser="httptools"``, the optional fast codec) and ``h11-floor``: h11 driven
   over a bare asyncio ``Protocol``, one keep-alive connection per worker, the least an
-  h11-based client can do.
+  h11-based client can do; ``httptools-floor``, the same for httptools, and the aiohttp
+  clients ``httpx-aiohttp`` and ``aiohttp`` (``contestants.py``, optional packages).
 * Contestants (HTTP/2, h2c with prior knowledge, against ``server.js --http2``):
   ``httpx-default-h2`` (``AsyncHTTPTransport(http1=False, http2=True)``) and ``bulkhead-h2``
   (``BulkheadTransport(http1=False, http2=True)``).  The server counts the TCP connections
@@ -51,10 +52,19 @@ from typing import Any, Literal, Protocol, cast
 import h11
 import httpx
 
+from benchmarks.contestants import (
+    AIOHTTP,
+    HTTPTOOLS_FLOOR,
+    HTTPX_AIOHTTP,
+    AiohttpDriver,
+    HttptoolsFloorDriver,
+    aiohttp_transport,
+)
 from httpx_bulkhead import BulkheadTransport, Policy
 from httpx_bulkhead._load import CallRecord, percentile, saturate, steady_calls
 
 __all__ = [
+    "AIOHTTP",
     "BULKHEAD",
     "CONTESTANTS",
     "DEFAULT",
@@ -63,6 +73,9 @@ __all__ = [
     "H2_CONTESTANTS",
     "H2_DEFAULT",
     "HTTPTOOLS",
+    "HTTPTOOLS_FLOOR",
+    "HTTPX_AIOHTTP",
+    "MORE_CONTESTANTS",
     "Driver",
     "NodeServer",
     "Sample",
@@ -83,12 +96,22 @@ BULKHEAD = "bulkhead"
 FLOOR = "h11-floor"
 HTTPTOOLS = "bulkhead+httptools"
 CONTESTANTS = (DEFAULT, BULKHEAD, HTTPTOOLS, FLOOR)
+#: The HTTP/1.1 overhead rows beside those: each parser's floor, the aiohttp clients.
+MORE_CONTESTANTS = (HTTPTOOLS_FLOOR, HTTPX_AIOHTTP, AIOHTTP)
 #: HTTP/2 with prior knowledge (h2c), one origin: the same two transports, ``http1=False``.
 H2_DEFAULT = "httpx-default-h2"
 H2_BULKHEAD = "bulkhead-h2"
 H2_CONTESTANTS = (H2_DEFAULT, H2_BULKHEAD)
 #: The base each contestant's ``cpu_ratio`` is taken against (httpx's default, same protocol).
-BASE_OF = {BULKHEAD: DEFAULT, HTTPTOOLS: DEFAULT, FLOOR: DEFAULT, H2_BULKHEAD: H2_DEFAULT}
+BASE_OF = {
+    BULKHEAD: DEFAULT,
+    HTTPTOOLS: DEFAULT,
+    FLOOR: DEFAULT,
+    HTTPTOOLS_FLOOR: DEFAULT,
+    HTTPX_AIOHTTP: DEFAULT,
+    AIOHTTP: DEFAULT,
+    H2_BULKHEAD: H2_DEFAULT,
+}
 
 Level = Literal["client", "transport"]
 
@@ -397,8 +420,7 @@ class _H11Connection(asyncio.Protocol):
         self._status = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's: not a subclass)
 
     def data_received(self, data: bytes) -> None:
         self._h11.receive_data(data)
@@ -480,6 +502,12 @@ async def make_driver(
         if len(urls) != 1:
             raise ValueError("the h11 floor serves one origin")
         return await H11FloorDriver(urls[0], concurrency).start()
+    if contestant == HTTPTOOLS_FLOOR:
+        if len(urls) != 1:
+            raise ValueError("the httptools floor serves one origin")
+        return await HttptoolsFloorDriver(urls[0], concurrency).start()
+    if contestant == AIOHTTP:  # a whole client: the same driver at both levels
+        return AiohttpDriver(urls, concurrency if len(urls) == 1 else None, IDLE_SECONDS)
     transport: httpx.AsyncBaseTransport
     if contestant in (DEFAULT, H2_DEFAULT):
         transport = default_transport(
@@ -491,6 +519,8 @@ async def make_driver(
         transport = bulkhead_transport(concurrency, http1_parser="httptools")
     elif contestant == H2_BULKHEAD:
         transport = bulkhead_transport(concurrency, http2=True)
+    elif contestant == HTTPX_AIOHTTP:
+        transport = aiohttp_transport(concurrency if len(urls) == 1 else None, IDLE_SECONDS)
     else:
         raise ValueError(f"unknown contestant {contestant!r}")
     if level == "client":

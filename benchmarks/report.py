@@ -15,7 +15,10 @@ server on 127.0.0.1; see ``harness.py`` for how things are measured):
 overhead   client CPU per request, HTTP/1.1 keep-alive, concurrency 1 and 64, through
            ``httpx.AsyncClient`` and at the transport level: BulkheadTransport with its
            default h11 codec and with ``http1_parser="httptools"``, beside a raw h11 floor;
-           each contestant on a port of its own, so the server counts its connections.
+           each contestant on a port of its own, so the server counts its connections;
+           beside them the httptools floor, httpx + httpx-aiohttp and aiohttp alone
+           (``contestants.py``; a row is left out when its package is missing), and
+           issue 18's targets marked met or not (``targets.py``).
 http2      the same over HTTP/2 (h2c, prior knowledge, server cap 100 streams): httpx's
            default ``AsyncHTTPTransport(http1=False, http2=True)`` vs
            ``BulkheadTransport(http1=False, http2=True)``, with BulkheadTransport over
@@ -31,6 +34,7 @@ isolation  a slow host (2 s per response) saturated by 30 workers while a fast h
 recovery   the slow host hangs (every response held ``hang`` s) until ``incident`` s, then
            answers at once; the slow compartment with and without ``request_timeout``:
            how soon its own queued calls succeed again.
+uvloop     the overhead suite again, under uvloop's event loop (``pip install uvloop``).
 profile    cProfile of each transport (transport level, HTTP/1.1 and HTTP/2): exclusive
            CPU by package, and the hottest functions of BulkheadTransport's at concurrency 64.
 
@@ -63,10 +67,12 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import httpx
 
 from benchmarks import harness as h
+from benchmarks import targets as tg
+from benchmarks.contestants import available
 from httpx_bulkhead import BulkheadTransport, Policy
 
 OUT = Path(__file__).resolve().parent
-SUITES = ("overhead", "http2", "scaling", "isolation", "recovery", "profile")
+SUITES = ("overhead", "http2", "scaling", "isolation", "recovery", "profile", "uvloop")
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,7 @@ async def _overhead_case(
                 (h.HTTPTOOLS, h.FLOOR),
                 (h.HTTPTOOLS, h.BULKHEAD),
                 (h.H2_BULKHEAD, h.BULKHEAD),
+                *tg.PAIRS,
             ],
         ),
         "server": seen,  # per contestant: port, connections, requests, max_streams
@@ -196,7 +203,8 @@ async def _overhead_case(
 
 # -- suites ---------------------------------------------------------------------------------
 async def overhead(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
-    entries = [Entry(name, server, i) for i, name in enumerate(h.CONTESTANTS)]
+    names = [*h.CONTESTANTS, *(n for n in h.MORE_CONTESTANTS if available(n))]
+    entries = [Entry(name, server, i) for i, name in enumerate(names)]
     rows = []
     for level in ("client", "transport"):
         for concurrency in (1, 64):
@@ -743,6 +751,18 @@ def hotspots_table(row: dict[str, Any], top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def run_uvloop(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]] | None:
+    """The overhead suite under uvloop's event loop (``None`` if uvloop is not installed)."""
+    try:
+        import uvloop
+    except ImportError:
+        log("uvloop is not installed: no uvloop rows (pip install uvloop)")
+        return None
+    log("uvloop: the overhead suite under uvloop")
+    rows: list[dict[str, Any]] = uvloop.run(overhead(server, plan))
+    return rows
+
+
 def _load(results: dict[str, Any]) -> str:
     start, end = results.get("loadavg_start"), results.get("loadavg_end")
     if not start or not end:
@@ -809,6 +829,22 @@ def markdown(results: dict[str, Any]) -> str:
         parts += ["", "## Overhead (HTTP/1.1 keep-alive, one origin)", ""]
         parts += _earlier(results, "overhead")
         parts.append(overhead_table(results["overhead"]))
+        parts += [
+            "",
+            "The parsers' floors and the aiohttp clients, same rounds (`aiohttp` has no"
+            " transport level: its rows are the whole session both times):",
+            "",
+            tg.contestants_table(results["overhead"]),
+        ]
+    if "uvloop" in results:
+        parts += ["", "## Overhead under uvloop (the same rows, uvloop's event loop)", ""]
+        parts += _earlier(results, "uvloop")
+        parts += [overhead_table(results["uvloop"]), "", tg.contestants_table(results["uvloop"])]
+    if "overhead" in results or "uvloop" in results:
+        loops = [(name, results[key]) for key, name in
+                 (("overhead", "asyncio"), ("uvloop", "uvloop")) if key in results]  # fmt: skip
+        parts += ["", "## Issue 18 targets (HTTP/1.1; same-round CPU ratios, medians)", ""]
+        parts.append(tg.targets_table(loops))
     if "http2" in results:
         rows = results["http2"]
         cap = rows[0].get("max_concurrent_streams", "?") if rows else "?"
@@ -1066,7 +1102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "plan": dataclasses.asdict(plan),
             "repeat": args.repeat,
         }
-        results.update(asyncio.run(run(suites, plan, server, h2server, args.repeat)))
+        on_asyncio = [s for s in suites if s != "uvloop"]
+        results.update(asyncio.run(run(on_asyncio, plan, server, h2server, args.repeat)))
+        if "uvloop" in suites:
+            started_uvloop = time.perf_counter()
+            rows = run_uvloop(server, plan)
+            if rows is not None:
+                results["uvloop"] = rows
+            log(f"  uvloop: {time.perf_counter() - started_uvloop:.0f} s")
     results["seconds"] = time.perf_counter() - started
     results["loadavg_end"] = list(os.getloadavg())
     this_run = {
@@ -1077,7 +1120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loadavg_start": results["loadavg_start"],
         "loadavg_end": results["loadavg_end"],
     }
-    results["suite_runs"] = {suite: this_run for suite in suites}
+    results["suite_runs"] = {suite: this_run for suite in suites if suite in results}
     previous = args.out / "results.json"
     if not args.fresh and previous.exists():
         _keep_other_suites(results, json.loads(previous.read_text()))

@@ -118,7 +118,8 @@ class Connections(ConnectionListener):
         waited = 0.0
         while True:
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
-            await self._close_all(to_close)
+            if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
+                await self._close_all(to_close)
             if grant is None:
                 started = self._clock()
                 grant = await self._wait_for_connection(request, origin, acquire_deadline)
@@ -239,8 +240,12 @@ class Connections(ConnectionListener):
                 to_close = self.pool.release(lease, self._clock(), reusable=True)
             else:
                 to_close = self.pool.discard(lease, DISCARDS[verdict])
-        await self._close_all(to_close)
-        await self._close_pending()
+        # Both calls do nothing (and never yield) when there is nothing to close or arm:
+        # the common case is not charged two coroutines per request.
+        if to_close or self.pool.next_due < self._sweep_at:
+            await self._close_all(to_close)
+        if self._closing:
+            await self._close_pending()
         if tracer is not None:
             await tracer.closed()
 

@@ -357,7 +357,7 @@ def _small_body(request: httpx.Request) -> bytes | None:
 def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
     """The ``timeout=`` parameter of a ``Keep-Alive`` response header, in seconds."""
     for name, value in headers:
-        if name.lower() == b"keep-alive":
+        if len(name) == 10 and name.lower() == b"keep-alive":  # (most names: length only)
             for part in value.split(b","):
                 key, _, number = part.strip().partition(b"=")
                 if key.strip().lower() == b"timeout":

@@ -188,7 +188,7 @@ class Connector:
             transport, protocol = await loop.create_connection(
                 StreamProtocol, host, port, local_addr=local
             )
-        assert isinstance(transport, asyncio.Transport)
+        # (no ``isinstance(transport, asyncio.Transport)``: uvloop's transports are not)
         stream = AsyncioStream(transport, protocol)
         try:
             self._apply_socket_options(stream.socket)

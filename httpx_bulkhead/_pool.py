@@ -274,7 +274,9 @@ class Pool(Generic[C]):
         """
         self._now = now
         to_close = self._prune(now)
-        if self._streams.count(origin) or self._places.count(origin):
+        if (self._streams.all or self._places.all) and (
+            self._streams.count(origin) or self._places.count(origin)
+        ):
             return None, to_close  # no barging past this origin's waiters
         if not fresh:
             entry = self._pick(origin, now, to_close)
@@ -488,8 +490,10 @@ class Pool(Generic[C]):
 
     def _index(self, entry: PoolEntry[C]) -> None:
         """Put ``entry`` in exactly the structures its state calls for."""
-        available = self._available.setdefault(entry.origin, OrderedDict())
-        if entry.spare > 0:
+        available = self._available.get(entry.origin)
+        if available is None:  # (not ``setdefault``: no new OrderedDict on every call)
+            available = self._available[entry.origin] = OrderedDict()
+        if not entry.draining and entry.active < entry.cap:  # ``entry.spare > 0``, inlined
             available[entry] = None
             available.move_to_end(entry)
         else:
@@ -539,6 +543,8 @@ class Pool(Generic[C]):
 
     def _rebalance(self, origin: Origin, to_close: list[PoolEntry[C]]) -> None:
         """Hand whatever is free to the waiters that can use it, head first."""
+        if not self._streams.all and not self._places.all:
+            return  # nobody waits: the common case, on every release
         # 1. Spare capacity of this origin's connections: its waiters, streams first.
         while self._streams.count(origin) or self._places.count(origin):
             entry = self._pick(origin, self._now, to_close)

@@ -29,7 +29,7 @@ import select
 import socket
 import ssl
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -112,8 +112,8 @@ class StreamProtocol(asyncio.Protocol):
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, whatever its class: uvloop's do not derive from asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         tls = self.tls
