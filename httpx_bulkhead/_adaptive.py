@@ -26,25 +26,44 @@ are gathered in windows of ``max(WINDOW_SAMPLES, limit)`` exchanges (about one r
 trip of the whole limit); after the limit changed, only exchanges that *started* after the
 change count, so a window measures the limit in force, not the queue an older, higher
 limit built.  At a window's end its median latency ``m`` is compared with the no-load
-latency: ``ratio = m / no_load``.  Below ``1 + (tolerance - 1) * QUIET`` the dependency
-shows no queue: the limit grows by ``GROWTH`` (only when at least half the slots were in
-use: a limit the traffic does not reach proves nothing).  Above it, the limit becomes
-``limit * max(MIN_GRADIENT, tolerance / ratio)``: with a dependency of N workers and a
-queue, ``m = no_load * limit / N`` once ``limit > N``, so this is ``tolerance * N`` (Little's
-law: the dependency serves ``limit / m`` requests a second, N of them at once), and the
-limit settles near ``tolerance * N``.  A cut is applied by half (``SMOOTHING``), so one
-window of noise (a pause of our own event loop reads as latency) is not taken for a
-queue; a growth adds at least one slot, so noise cannot stall it either.  A window with a
-drop also multiplies the limit by ``backoff``.
+latency: ``ratio = m / no_load``.  With a dependency of N workers and a queue, a limit
+above what keeps the N busy (call it ``L*``: N plus the slots our own side holds while
+the workers are idle) gives ``m = no_load * limit / L*`` (Little's law), so the ratio is
+how far above ``L*`` the limit is, and below ``L*`` the ratio is 1 (plus noise).  The
+limit is to sit just above ``L*``: every worker busy, a queue of a slot or two.
 
-``no_load`` is measured by *probes*, and moves halfway down to any lower window median
-(the minimum of many noisy medians would sink below the truth).  A probe drops the
-limit to ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window, whose median
-becomes the new ``no_load``, then restores the limit.  Probes run first (no estimate yet:
-at ``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be),
-every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe
-at once), and after ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the
-dependency became slower for good: the old ``no_load`` is obsolete), as Envoy does.
+- ``ratio > tolerance`` (default 1.1): a queue.  The limit is cut to
+  ``applied * tolerance * CUT_AIM / ratio``: ``L*`` plus the queue the tolerance allows
+  (and at most by half per window, ``MIN_GRADIENT``; never up).  A cut starts a hold.
+- Otherwise, when the limit is in use (its peak at least half, else no evidence: no
+  change): after a cut the limit stays ``HOLD`` windows, then grows one slot a window
+  for ``STEPS`` windows (near the last queue, one slot at a time: a multiplicative step
+  there overshoots into the queue it just left), then by ``GROWTH`` a window while the
+  window is *quiet* (``ratio < 1 + (tolerance - 1) * QUIET``) and the limit is *used*
+  (the slots in use, averaged over the window, at least ``IN_USE`` of it: an open-loop
+  load just above the capacity fills a higher limit only at its peaks, and the queue
+  it builds shows a window late).  A quiet, used window at ``ESCAPE`` times the limit
+  of the last cut or more ends the wait at once: the capacity grew past where the queue
+  was (this is what the climb after the capacity rose needs).  Before the first cut the
+  growth is by ``GROWTH`` from the start.
+
+So the limit saws between about ``L*`` and ``tolerance * L*`` (the first version settled near
+``tolerance * N``, and a median of a window that had started under a higher
+limit let a queue build before it was seen).  ``benchmarks/adaptive_sim.py`` models the
+lab event by event, and ``tests/unit/test_adaptive_sim.py`` checks these choices there.
+A window with a drop also multiplies the limit by ``backoff``.
+
+``no_load`` is measured by *probes*, and moves halfway down to a window median more
+than ``DESCENT`` (5%) below it (a dependency that became faster); closer medians are
+noise, and following each would sink the estimate to the lowest of many, a few percent
+under the truth, which then reads as a standing queue.  A probe drops the limit to
+``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``PROBE_SAMPLES``
+exchanges, whose median becomes the new ``no_load``, then restores the limit.  Probes
+run first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how
+many a quarter would be, with ``FIRST_PROBE_SAMPLES``), every ``probe_interval`` seconds
+(jittered by ``PROBE_JITTER`` so a fleet does not probe at once), and after
+``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
+good: the old ``no_load`` is obsolete), as Envoy does.
 
 *AIMD* (as TCP's congestion avoidance): each drop multiplies the limit by ``backoff``,
 once per round trip (drops of exchanges that started before the last cut are the old
@@ -81,30 +100,52 @@ __all__ = [
 DEFAULT_MIN_LIMIT = 1
 DEFAULT_MAX_LIMIT = 200
 DEFAULT_INITIAL_LIMIT = 10
-#: Gradient: latency accepted above the no-load latency before the limit is cut (15%).
-DEFAULT_TOLERANCE = 1.15
+#: Gradient: latency accepted above the no-load latency before the limit is cut (10%).
+DEFAULT_TOLERANCE = 1.1
 #: Gradient: seconds between two probes of the no-load latency.
 DEFAULT_PROBE_INTERVAL = 60.0
 #: The limit is multiplied by this on a drop (both algorithms).
 DEFAULT_BACKOFF = 0.9
 #: Fewest samples in a gradient window (the window is ``max(this, limit)`` samples).
 WINDOW_SAMPLES = 8
-#: Fewest samples in a probe window (a probe runs at a low limit: fewer samples suffice).
-PROBE_SAMPLES = 4
+#: Samples in a probe window: its median is the no-load latency until the next probe, so
+#: it must be a steady one (with a service time spread over +-10%, the median of 16 is
+#: within about 1.5% of the truth, of 4 only within 3.5%).
+PROBE_SAMPLES = 16
+#: Samples in the first probe, at ``min_limit`` (one at a time, by default: 16 would hold
+#: the start back for 16 round trips).
+FIRST_PROBE_SAMPLES = 8
 #: A probe runs at ``limit * PROBE_FRACTION`` (at least ``min_limit``).
 PROBE_FRACTION = 0.25
 #: Probes are delayed by up to this fraction of ``probe_interval``, at random.
 PROBE_JITTER = 0.1
 #: Windows in a row at ``min_limit`` that start a probe.
 MIN_LIMIT_WINDOWS = 5
-#: The latency shows no queue while below ``no_load * (1 + (tolerance - 1) * QUIET)``.
-QUIET = 0.3
-#: Growth of one window while the latency shows no queue.
-GROWTH = 1.15
-#: The share of a window's cut that is applied.
-SMOOTHING = 0.5
+#: A window's median below ``no_load * (1 - DESCENT)`` moves ``no_load`` halfway down to
+#: it; closer ones are noise (moving on every lower median sinks the estimate to the
+#: lowest of many, a few percent under the truth, which then reads as a standing queue).
+DESCENT = 0.05
+#: A cut aims at a latency of ``tolerance * CUT_AIM`` times the no-load latency: a window
+#: just above the tolerance is noise as often as a queue, so it stops the growth (and
+#: starts ``HOLD``) but barely moves the limit.
+CUT_AIM = 1.05
 #: Largest cut of one window (the limit falls at most by half per window).
 MIN_GRADIENT = 0.5
+#: After a cut, windows that leave the limit where it is before it grows again.
+HOLD = 2
+#: Then, windows that grow it by one slot each before it may grow by ``GROWTH``.
+STEPS = 3
+#: Growth of one window while the latency shows no queue and the limit is in use.
+GROWTH = 1.3
+#: The latency shows no queue while below ``no_load * (1 + (tolerance - 1) * QUIET)``.
+QUIET = 0.5
+#: The limit is in use when the slots in use, averaged over a window's samples, reach
+#: this share of it (an open-loop load a little above the capacity fills a limit above
+#: the capacity only now and then: its peak alone proves nothing).
+IN_USE = 0.95
+#: A quiet window at ``ESCAPE`` times the limit of the last cut or more: the capacity has
+#: grown past where the queue was, and the limit may grow by ``GROWTH`` at once.
+ESCAPE = 1.1
 #: Changes of the applied limit kept for ``statistics().limit_history``.
 HISTORY = 256
 
@@ -145,9 +186,10 @@ class AdaptiveLimit:
             status of ``drop_statuses``), for dependencies whose latency says nothing of
             their load.
         tolerance: gradient only: how far the latency may rise above its no-load value
-            before the limit is cut (1.15: 15%). It sets the queue the limit allows at the
-            dependency: the limit settles near ``tolerance`` x its capacity. Default 1.15;
-            in ``(1, 3]``.
+            before the limit is cut (1.1: 10%). It sets the queue the limit allows at the
+            dependency: the limit stays between about its capacity and ``tolerance`` x
+            its capacity. Lower values than the default read the latency's own noise as
+            a queue. Default 1.1; in ``(1, 3]``.
         probe_interval: gradient only: seconds between two measures of the no-load
             latency (the limit drops to a quarter for about two round trips). ``None``:
             only the first probe and those after a long stay at ``min_limit``. Default 60.
@@ -207,6 +249,8 @@ class Gradient:
 
     __slots__ = (
         "_at_min",
+        "_calm",
+        "_ceiling",
         "_drops",
         "_inflight",
         "_next_probe",
@@ -215,6 +259,7 @@ class Gradient:
         "_rng",
         "_samples",
         "_saved",
+        "_used",
         "limit",
         "no_load",
         "spec",
@@ -229,8 +274,11 @@ class Gradient:
         self._samples: list[float] = []
         self._drops = 0
         self._inflight = 0  # most slots in use seen in the window
+        self._used = 0  # sum of the slots in use at each sample of the window
         self._opened = -math.inf  # samples of exchanges that started earlier are ignored
         self._at_min = 0
+        self._calm = 0  # windows since the last cut
+        self._ceiling = 0  # the limit at the last cut
         self._saved = self.limit
         self._probing = False
         self._next_probe = math.inf
@@ -248,18 +296,23 @@ class Gradient:
         if started < self._opened:
             return self.applied  # measures a limit no longer in force
         self._inflight = max(self._inflight, inflight)
+        self._used += inflight
         if dropped:
             self._drops += 1
         else:
             self._samples.append(latency)
-        wanted = PROBE_SAMPLES if self._probing else WINDOW_SAMPLES
+        if self._probing:
+            wanted = PROBE_SAMPLES if self.no_load is not None else FIRST_PROBE_SAMPLES
+        else:
+            wanted = WINDOW_SAMPLES
         if len(self._samples) + self._drops >= max(wanted, self.applied):
             self._close_window(now)
         return self.applied
 
     def _close_window(self, now: float) -> None:
         samples, drops, inflight = self._samples, self._drops, self._inflight
-        self._samples, self._drops, self._inflight = [], 0, 0
+        used = self._used / max(1, len(samples) + drops)
+        self._samples, self._drops, self._inflight, self._used = [], 0, 0, 0
         before = self.applied
         median = _median(samples) if samples else None
         if self._probing:
@@ -272,18 +325,25 @@ class Gradient:
             return
         spec = self.spec
         if median is not None and self.no_load is not None and median > 0:
-            if median < self.no_load:  # halfway: a min over noisy medians would sink
+            if median < self.no_load * (1 - DESCENT):  # halfway: the minimum would sink
                 self.no_load = (self.no_load + median) / 2
             ratio = median / self.no_load
-            quiet = ratio < 1 + (spec.tolerance - 1) * QUIET  # no queue to speak of
-            # Grow by GROWTH, or to the limit the queue implies (module docstring).
-            gradient = GROWTH if quiet else max(MIN_GRADIENT, spec.tolerance / ratio)
-            if gradient > 1 and inflight * 2 < self.applied:
+            if ratio > spec.tolerance:  # a queue: cut to the concurrency it implies
+                self._calm = 0
+                self._ceiling = self.applied
+                cut = self.applied * spec.tolerance * CUT_AIM / ratio
+                self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
+            elif inflight * 2 < self.applied:
                 pass  # the traffic does not use the limit: no evidence to grow
-            elif gradient > 1:  # at least one more slot: noise must not stall the growth
-                self.limit = max(self.limit * gradient, self.applied + 1.0)
-            else:  # half the cut a window asks: one window of noise is not a queue
-                self.limit *= 1 - SMOOTHING * (1 - gradient)
+            else:
+                self._calm += 1
+                quiet = ratio < 1 + (spec.tolerance - 1) * QUIET and used >= IN_USE * before
+                if quiet and before >= self._ceiling * ESCAPE:
+                    self._calm = max(self._calm, HOLD + STEPS + 1)  # the capacity grew
+                if quiet and self._calm > HOLD + STEPS:
+                    self.limit = max(self.limit * GROWTH, before + 1.0)
+                elif self._calm > HOLD:  # one slot at a time near the last queue
+                    self.limit = before + 1.0
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
@@ -345,8 +405,13 @@ def make_algorithm(spec: AdaptiveLimit, rng: random.Random | None = None) -> Gra
 
 
 def _median(values: list[float]) -> float:
+    """The median (of an even count, the mean of the middle two: the lower one alone is
+    biased low, the more so the smaller the window)."""
     ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def is_drop(exc: BaseException) -> bool:
