@@ -121,6 +121,12 @@ PROBE_FRACTION = 0.25
 PROBE_JITTER = 0.1
 #: Windows in a row at ``min_limit`` that start a probe.
 MIN_LIMIT_WINDOWS = 5
+#: A limit that fell to this share of its highest since the last probe starts a probe:
+#: either the capacity fell (the probe costs little then) or the latency is high for a
+#: reason the limit does not cure (the dependency, or our own loop on a busy machine,
+#: became slower), and the ``no_load`` it is measured against is obsolete; without
+#: this, such a latency cuts the limit down to ``min_limit``.
+FALL_TO_PROBE = 0.5
 #: A window's median below ``no_load * (1 - DESCENT)`` moves ``no_load`` halfway down to
 #: it; closer ones are noise (moving on every lower median sinks the estimate to the
 #: lowest of many, a few percent under the truth, which then reads as a standing queue).
@@ -255,6 +261,7 @@ class Gradient:
         "_inflight",
         "_next_probe",
         "_opened",
+        "_peak",
         "_probing",
         "_rng",
         "_samples",
@@ -278,6 +285,7 @@ class Gradient:
         self._opened = -math.inf  # samples of exchanges that started earlier are ignored
         self._at_min = 0
         self._calm = 0  # windows since the last cut
+        self._peak = 0  # the highest limit since the last probe
         self._ceiling = 0  # the limit at the last cut
         self._saved = self.limit
         self._probing = False
@@ -351,11 +359,13 @@ class Gradient:
             self._opened = now  # exchanges that started before measure another limit
         self._at_min = self._at_min + 1 if self.applied == spec.min_limit else 0
         stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
+        self._peak = max(self._peak, self.applied)
+        stale = stale or self.applied <= self._peak * FALL_TO_PROBE
         if stale or self.no_load is None:
             self._start_probe(now)
 
     def _start_probe(self, now: float, limit: float | None = None) -> None:
-        self._at_min = 0
+        self._at_min = self._peak = 0
         self._probing = True
         self._saved = self.limit
         if limit is None:
