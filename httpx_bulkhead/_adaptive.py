@@ -57,11 +57,12 @@ A window with a drop also multiplies the limit by ``backoff``.
 than ``DESCENT`` (5%) below it (a dependency that became faster); closer medians are
 noise, and following each would sink the estimate to the lowest of many, a few percent
 under the truth, which then reads as a standing queue.  A probe drops the limit to
-``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``PROBE_SAMPLES``
-exchanges, whose median becomes the new ``no_load``, then restores the limit.  Probes
-run first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how
-many a quarter would be, with ``FIRST_PROBE_SAMPLES``), every ``probe_interval`` seconds
-(jittered by ``PROBE_JITTER`` so a fleet does not probe at once), and after
+``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``4 * limit``
+exchanges (within ``[FIRST_PROBE_SAMPLES, PROBE_SAMPLES]``), whose median becomes the
+new ``no_load``, then restores the limit.  Probes run first (no estimate yet: at
+``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be), every
+``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe at
+once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe, and after
 ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
 good: the old ``no_load`` is obsolete), as Envoy does.
 
@@ -108,12 +109,12 @@ DEFAULT_PROBE_INTERVAL = 60.0
 DEFAULT_BACKOFF = 0.9
 #: Fewest samples in a gradient window (the window is ``max(this, limit)`` samples).
 WINDOW_SAMPLES = 8
-#: Samples in a probe window: its median is the no-load latency until the next probe, so
-#: it must be a steady one (with a service time spread over +-10%, the median of 16 is
+#: Most samples in a probe window: its median is the no-load latency until the next probe,
+#: so it must be a steady one (with a service time spread over +-10%, the median of 16 is
 #: within about 1.5% of the truth, of 4 only within 3.5%).
 PROBE_SAMPLES = 16
-#: Samples in the first probe, at ``min_limit`` (one at a time, by default: 16 would hold
-#: the start back for 16 round trips).
+#: Fewest samples in a probe window (the window is ``4 * limit`` samples in between: a
+#: probe at one slot, as the first is by default, would take 16 round trips for 16).
 FIRST_PROBE_SAMPLES = 8
 #: A probe runs at ``limit * PROBE_FRACTION`` (at least ``min_limit``).
 PROBE_FRACTION = 0.25
@@ -310,7 +311,8 @@ class Gradient:
         else:
             self._samples.append(latency)
         if self._probing:
-            wanted = PROBE_SAMPLES if self.no_load is not None else FIRST_PROBE_SAMPLES
+            # Up to PROBE_SAMPLES, about four round trips of the probe's limit.
+            wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self.applied))
         else:
             wanted = WINDOW_SAMPLES
         if len(self._samples) + self._drops >= max(wanted, self.applied):
