@@ -98,9 +98,17 @@ __all__ = [
     "make_algorithm",
 ]
 
+
+class _Default(int):
+    """An int that says the field was left at its default (``AdaptiveLimit`` then fits
+    it to the fields that were set, instead of refusing a valid setting of those)."""
+
+    __slots__ = ()
+
+
 DEFAULT_MIN_LIMIT = 1
-DEFAULT_MAX_LIMIT = 200
-DEFAULT_INITIAL_LIMIT = 10
+DEFAULT_MAX_LIMIT: int = _Default(200)
+DEFAULT_INITIAL_LIMIT: int = _Default(10)
 #: Gradient: latency accepted above the no-load latency before the limit is cut (10%).
 DEFAULT_TOLERANCE = 1.1
 #: Gradient: seconds between two probes of the no-load latency.
@@ -166,12 +174,15 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"AdaptiveLimit.{name} must be >= {minimum}, got {value}")
 
 
-def _check_number(name: str, value: object, low: float, high: float) -> None:
-    """``low < value <= high`` (a number, not a bool)."""
+def _check_number(
+    name: str, value: object, low: float, high: float, *, high_open: bool = False
+) -> None:
+    """``low < value <= high`` (``< high`` if ``high_open``; a number, not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"AdaptiveLimit.{name} must be a number, got {value!r}")
-    if not low < value <= high:  # NaN fails too
-        raise ValueError(f"AdaptiveLimit.{name} must be in ({low:g}, {high:g}], got {value!r}")
+    if not (low < value < high if high_open else low < value <= high):  # NaN fails too
+        shown = f"({low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"AdaptiveLimit.{name} must be in {shown}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +198,8 @@ class AdaptiveLimit:
             limit when ``Policy.max_connections`` is ``None``. Default 200.
         initial_limit: slots once the gradient's first probe (a few exchanges at
             ``min_limit``, to measure the no-load latency) is over, and AIMD's at the start.
-            Default 10; must be in ``[min_limit, max_limit]``.
+            Default 10, brought into ``[min_limit, max_limit]``; a value given must be in
+            that range.
         algorithm: ``"gradient"`` (default): follows the response latency against its
             no-load value, and drops; ``"aimd"``: follows drops only (a timeout, or a
             status of ``drop_statuses``), for dependencies whose latency says nothing of
@@ -221,7 +233,19 @@ class AdaptiveLimit:
 
     def __post_init__(self) -> None:
         _check_int("min_limit", self.min_limit, 1)
-        _check_int("max_limit", self.max_limit, self.min_limit)
+        _check_int("max_limit", self.max_limit, 1)
+        if self.min_limit > self.max_limit:  # blame the field that was set
+            default = (
+                " (the default: set max_limit too)" if type(self.max_limit) is _Default else ""
+            )
+            raise ValueError(
+                f"AdaptiveLimit.min_limit must be <= max_limit={self.max_limit}{default},"
+                f" got {self.min_limit}"
+            )
+        object.__setattr__(self, "max_limit", int(self.max_limit))
+        if type(self.initial_limit) is _Default:  # left alone: within [min, max]
+            fitted = min(self.max_limit, max(self.min_limit, int(self.initial_limit)))
+            object.__setattr__(self, "initial_limit", fitted)
         _check_int("initial_limit", self.initial_limit, self.min_limit)
         if self.initial_limit > self.max_limit:
             raise ValueError(
@@ -235,9 +259,7 @@ class AdaptiveLimit:
         _check_number("tolerance", self.tolerance, 1.0, 3.0)
         if self.probe_interval is not None:
             _check_number("probe_interval", self.probe_interval, 0.0, math.inf)
-        _check_number("backoff", self.backoff, 0.0, 1.0)
-        if self.backoff == 1:
-            raise ValueError("AdaptiveLimit.backoff must be < 1, got 1")
+        _check_number("backoff", self.backoff, 0.0, 1.0, high_open=True)
         statuses = self.drop_statuses
         if not isinstance(statuses, AbstractSet):
             raise TypeError(

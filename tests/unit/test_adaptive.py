@@ -316,7 +316,14 @@ def test_what_counts_as_a_drop() -> None:
         ({"min_limit": 0}, ValueError, r"AdaptiveLimit\.min_limit must be >= 1, got 0"),
         ({"min_limit": 1.5}, TypeError, r"AdaptiveLimit\.min_limit must be an int, got 1\.5"),
         ({"min_limit": True}, TypeError, r"AdaptiveLimit\.min_limit must be an int"),
-        ({"min_limit": 5, "max_limit": 4}, ValueError, r"max_limit must be >= 5, got 4"),
+        ({"min_limit": 5, "max_limit": 4}, ValueError, r"min_limit must be <= max_limit=4, got 5"),
+        ({"min_limit": 300}, ValueError, r"min_limit must be <= max_limit=200 \(the default"),
+        ({"backoff": 1.0}, ValueError, r"AdaptiveLimit\.backoff must be in \(0, 1\), got 1\.0"),
+        (
+            {"initial_limit": 10, "max_limit": 4},
+            ValueError,
+            r"initial_limit must be <= max_limit=4",
+        ),
         ({"initial_limit": 300}, ValueError, r"initial_limit must be <= max_limit=200, got 300"),
         ({"min_limit": 5, "initial_limit": 2}, ValueError, r"initial_limit must be >= 5, got 2"),
         ({"algorithm": "vegas"}, ValueError, r"algorithm must be 'gradient' or 'aimd'"),
@@ -324,8 +331,7 @@ def test_what_counts_as_a_drop() -> None:
         ({"tolerance": math.nan}, ValueError, r"tolerance must be in"),
         ({"tolerance": "1.2"}, TypeError, r"tolerance must be a number, got '1\.2'"),
         ({"probe_interval": 0}, ValueError, r"probe_interval must be in \(0, inf\], got 0"),
-        ({"backoff": 1}, ValueError, r"backoff must be < 1, got 1"),
-        ({"backoff": 0}, ValueError, r"backoff must be in \(0, 1\], got 0"),
+        ({"backoff": 0}, ValueError, r"backoff must be in \(0, 1\), got 0"),
         ({"drop_statuses": 503}, TypeError, r"drop_statuses must be a set of status codes"),
         ({"drop_statuses": {"503"}}, ValueError, r"must hold status codes, got '503'"),
         ({"drop_statuses": {99}}, ValueError, r"must hold status codes, got 99"),
@@ -349,3 +355,18 @@ def test_policy_takes_an_adaptive_limit() -> None:
     assert AdaptiveLimit(drop_statuses={503, 429}).drop_statuses == frozenset({429, 503})
     with pytest.raises(TypeError, match=r"Policy\.max_concurrency must be an int or an Adapt"):
         Policy(max_concurrency="adaptive")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "initial"),
+    [({"max_limit": 4}, 4), ({"max_limit": 1}, 1), ({"min_limit": 50}, 50), ({}, 10)],
+)
+def test_the_default_initial_limit_fits_the_bounds_that_were_set(
+    kwargs: dict[str, int], initial: int
+) -> None:
+    """``AdaptiveLimit(max_limit=4)`` is a valid setting: the default initial limit (10) is
+    brought into the bounds given, where a value given outside them is refused."""
+    spec = AdaptiveLimit(**kwargs)  # type: ignore[arg-type]
+    assert spec.initial_limit == initial and type(spec.initial_limit) is int
+    assert type(spec.max_limit) is int
+    assert spec == AdaptiveLimit(**kwargs, initial_limit=initial)  # type: ignore[arg-type]
