@@ -32,10 +32,11 @@ import random
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -240,8 +241,16 @@ def in_band_share(limits: list[tuple[float, int]], start: float, end: float, n: 
     return sum(inside) / len(inside) if inside else float("nan")
 
 
+class Trace(Protocol):
+    """What ``report`` reads of a contestant (also ``adaptive_sim.Run``)."""
+
+    name: str
+    calls: list[tuple[float, float, str]]
+    limits: list[tuple[float, int]]
+
+
 def report(
-    contestants: list[Contestant], phases: list[tuple[float, int]], args: argparse.Namespace
+    contestants: Sequence[Trace], phases: list[tuple[float, int]], args: argparse.Namespace
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     start = 0.0

@@ -26,25 +26,45 @@ are gathered in windows of ``max(WINDOW_SAMPLES, limit)`` exchanges (about one r
 trip of the whole limit); after the limit changed, only exchanges that *started* after the
 change count, so a window measures the limit in force, not the queue an older, higher
 limit built.  At a window's end its median latency ``m`` is compared with the no-load
-latency: ``ratio = m / no_load``.  Below ``1 + (tolerance - 1) * QUIET`` the dependency
-shows no queue: the limit grows by ``GROWTH`` (only when at least half the slots were in
-use: a limit the traffic does not reach proves nothing).  Above it, the limit becomes
-``limit * max(MIN_GRADIENT, tolerance / ratio)``: with a dependency of N workers and a
-queue, ``m = no_load * limit / N`` once ``limit > N``, so this is ``tolerance * N`` (Little's
-law: the dependency serves ``limit / m`` requests a second, N of them at once), and the
-limit settles near ``tolerance * N``.  A cut is applied by half (``SMOOTHING``), so one
-window of noise (a pause of our own event loop reads as latency) is not taken for a
-queue; a growth adds at least one slot, so noise cannot stall it either.  A window with a
-drop also multiplies the limit by ``backoff``.
+latency: ``ratio = m / no_load``.  With a dependency of N workers and a queue, a limit
+above what keeps the N busy (call it ``L*``: N plus the slots our own side holds while
+the workers are idle) gives ``m = no_load * limit / L*`` (Little's law), so the ratio is
+how far above ``L*`` the limit is, and below ``L*`` the ratio is 1 (plus noise).  The
+limit is to sit just above ``L*``: every worker busy, a queue of a slot or two.
 
-``no_load`` is measured by *probes*, and moves halfway down to any lower window median
-(the minimum of many noisy medians would sink below the truth).  A probe drops the
-limit to ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window, whose median
-becomes the new ``no_load``, then restores the limit.  Probes run first (no estimate yet:
-at ``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be),
-every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe
-at once), and after ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the
-dependency became slower for good: the old ``no_load`` is obsolete), as Envoy does.
+- ``ratio > tolerance`` (default 1.1): a queue.  The limit is cut to
+  ``applied * tolerance * CUT_AIM / ratio``: ``L*`` plus the queue the tolerance allows
+  (and at most by half per window, ``MIN_GRADIENT``; never up).  A cut starts a hold.
+- Otherwise, when the limit is in use (its peak at least half, else no evidence: no
+  change): after a cut the limit stays ``HOLD`` windows, then grows one slot a window
+  for ``STEPS`` windows (near the last queue, one slot at a time: a multiplicative step
+  there overshoots into the queue it just left), then by ``GROWTH`` a window while the
+  window is *quiet* (``ratio < 1 + (tolerance - 1) * QUIET``) and the limit is *used*
+  (the slots in use, averaged over the window, at least ``IN_USE`` of it: an open-loop
+  load just above the capacity fills a higher limit only at its peaks, and the queue
+  it builds shows a window late).  A quiet, used window at ``ESCAPE`` times the limit
+  of the last cut or more ends the wait at once: the capacity grew past where the queue
+  was (this is what the climb after the capacity rose needs).  Before the first cut the
+  growth is by ``GROWTH`` from the start.
+
+So the limit saws between about ``L*`` and ``tolerance * L*`` (the first version settled near
+``tolerance * N``, and a median of a window that had started under a higher
+limit let a queue build before it was seen).  ``benchmarks/adaptive_sim.py`` models the
+lab event by event, and ``tests/unit/test_adaptive_sim.py`` checks these choices there.
+A window with a drop also multiplies the limit by ``backoff``.
+
+``no_load`` is measured by *probes*, and moves halfway down to a window median more
+than ``DESCENT`` (5%) below it (a dependency that became faster); closer medians are
+noise, and following each would sink the estimate to the lowest of many, a few percent
+under the truth, which then reads as a standing queue.  A probe drops the limit to
+``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``4 * limit``
+exchanges (within ``[FIRST_PROBE_SAMPLES, PROBE_SAMPLES]``), whose median becomes the
+new ``no_load``, then restores the limit.  Probes run first (no estimate yet: at
+``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be), every
+``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe at
+once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe, and after
+``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
+good: the old ``no_load`` is obsolete), as Envoy does.
 
 *AIMD* (as TCP's congestion avoidance): each drop multiplies the limit by ``backoff``,
 once per round trip (drops of exchanges that started before the last cut are the old
@@ -78,33 +98,69 @@ __all__ = [
     "make_algorithm",
 ]
 
+
+class _Default(int):
+    """An int that says the field was left at its default (``AdaptiveLimit`` then fits
+    it to the fields that were set, instead of refusing a valid setting of those)."""
+
+    __slots__ = ()
+
+
 DEFAULT_MIN_LIMIT = 1
-DEFAULT_MAX_LIMIT = 200
-DEFAULT_INITIAL_LIMIT = 10
-#: Gradient: latency accepted above the no-load latency before the limit is cut (15%).
-DEFAULT_TOLERANCE = 1.15
+DEFAULT_MAX_LIMIT: int = _Default(200)
+DEFAULT_INITIAL_LIMIT: int = _Default(10)
+#: Gradient: latency accepted above the no-load latency before the limit is cut (10%).
+DEFAULT_TOLERANCE = 1.1
 #: Gradient: seconds between two probes of the no-load latency.
 DEFAULT_PROBE_INTERVAL = 60.0
 #: The limit is multiplied by this on a drop (both algorithms).
 DEFAULT_BACKOFF = 0.9
 #: Fewest samples in a gradient window (the window is ``max(this, limit)`` samples).
 WINDOW_SAMPLES = 8
-#: Fewest samples in a probe window (a probe runs at a low limit: fewer samples suffice).
-PROBE_SAMPLES = 4
+#: Most samples in a probe window: its median is the no-load latency until the next probe,
+#: so it must be a steady one (with a service time spread over +-10%, the median of 16 is
+#: within about 1.5% of the truth, of 4 only within 3.5%).
+PROBE_SAMPLES = 16
+#: Fewest samples in a probe window (the window is ``4 * limit`` samples in between: a
+#: probe at one slot, as the first is by default, would take 16 round trips for 16).
+FIRST_PROBE_SAMPLES = 8
 #: A probe runs at ``limit * PROBE_FRACTION`` (at least ``min_limit``).
 PROBE_FRACTION = 0.25
 #: Probes are delayed by up to this fraction of ``probe_interval``, at random.
 PROBE_JITTER = 0.1
 #: Windows in a row at ``min_limit`` that start a probe.
 MIN_LIMIT_WINDOWS = 5
-#: The latency shows no queue while below ``no_load * (1 + (tolerance - 1) * QUIET)``.
-QUIET = 0.3
-#: Growth of one window while the latency shows no queue.
-GROWTH = 1.15
-#: The share of a window's cut that is applied.
-SMOOTHING = 0.5
+#: A limit that fell to this share of its highest since the last probe starts a probe:
+#: either the capacity fell (the probe costs little then) or the latency is high for a
+#: reason the limit does not cure (the dependency, or our own loop on a busy machine,
+#: became slower), and the ``no_load`` it is measured against is obsolete; without
+#: this, such a latency cuts the limit down to ``min_limit``.
+FALL_TO_PROBE = 0.5
+#: A window's median below ``no_load * (1 - DESCENT)`` moves ``no_load`` halfway down to
+#: it; closer ones are noise (moving on every lower median sinks the estimate to the
+#: lowest of many, a few percent under the truth, which then reads as a standing queue).
+DESCENT = 0.05
+#: A cut aims at a latency of ``tolerance * CUT_AIM`` times the no-load latency: a window
+#: just above the tolerance is noise as often as a queue, so it stops the growth (and
+#: starts ``HOLD``) but barely moves the limit.
+CUT_AIM = 1.05
 #: Largest cut of one window (the limit falls at most by half per window).
 MIN_GRADIENT = 0.5
+#: After a cut, windows that leave the limit where it is before it grows again.
+HOLD = 2
+#: Then, windows that grow it by one slot each before it may grow by ``GROWTH``.
+STEPS = 3
+#: Growth of one window while the latency shows no queue and the limit is in use.
+GROWTH = 1.3
+#: The latency shows no queue while below ``no_load * (1 + (tolerance - 1) * QUIET)``.
+QUIET = 0.5
+#: The limit is in use when the slots in use, averaged over a window's samples, reach
+#: this share of it (an open-loop load a little above the capacity fills a limit above
+#: the capacity only now and then: its peak alone proves nothing).
+IN_USE = 0.95
+#: A quiet window at ``ESCAPE`` times the limit of the last cut or more: the capacity has
+#: grown past where the queue was, and the limit may grow by ``GROWTH`` at once.
+ESCAPE = 1.1
 #: Changes of the applied limit kept for ``statistics().limit_history``.
 HISTORY = 256
 
@@ -118,12 +174,15 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"AdaptiveLimit.{name} must be >= {minimum}, got {value}")
 
 
-def _check_number(name: str, value: object, low: float, high: float) -> None:
-    """``low < value <= high`` (a number, not a bool)."""
+def _check_number(
+    name: str, value: object, low: float, high: float, *, high_open: bool = False
+) -> None:
+    """``low < value <= high`` (``< high`` if ``high_open``; a number, not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"AdaptiveLimit.{name} must be a number, got {value!r}")
-    if not low < value <= high:  # NaN fails too
-        raise ValueError(f"AdaptiveLimit.{name} must be in ({low:g}, {high:g}], got {value!r}")
+    if not (low < value < high if high_open else low < value <= high):  # NaN fails too
+        shown = f"({low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"AdaptiveLimit.{name} must be in {shown}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +198,17 @@ class AdaptiveLimit:
             limit when ``Policy.max_connections`` is ``None``. Default 200.
         initial_limit: slots once the gradient's first probe (a few exchanges at
             ``min_limit``, to measure the no-load latency) is over, and AIMD's at the start.
-            Default 10; must be in ``[min_limit, max_limit]``.
+            Default 10, brought into ``[min_limit, max_limit]``; a value given must be in
+            that range.
         algorithm: ``"gradient"`` (default): follows the response latency against its
             no-load value, and drops; ``"aimd"``: follows drops only (a timeout, or a
             status of ``drop_statuses``), for dependencies whose latency says nothing of
             their load.
         tolerance: gradient only: how far the latency may rise above its no-load value
-            before the limit is cut (1.15: 15%). It sets the queue the limit allows at the
-            dependency: the limit settles near ``tolerance`` x its capacity. Default 1.15;
-            in ``(1, 3]``.
+            before the limit is cut (1.1: 10%). It sets the queue the limit allows at the
+            dependency: the limit stays between about its capacity and ``tolerance`` x
+            its capacity. Lower values than the default read the latency's own noise as
+            a queue. Default 1.1; in ``(1, 3]``.
         probe_interval: gradient only: seconds between two measures of the no-load
             latency (the limit drops to a quarter for about two round trips). ``None``:
             only the first probe and those after a long stay at ``min_limit``. Default 60.
@@ -172,7 +233,19 @@ class AdaptiveLimit:
 
     def __post_init__(self) -> None:
         _check_int("min_limit", self.min_limit, 1)
-        _check_int("max_limit", self.max_limit, self.min_limit)
+        _check_int("max_limit", self.max_limit, 1)
+        if self.min_limit > self.max_limit:  # blame the field that was set
+            default = (
+                " (the default: set max_limit too)" if type(self.max_limit) is _Default else ""
+            )
+            raise ValueError(
+                f"AdaptiveLimit.min_limit must be <= max_limit={self.max_limit}{default},"
+                f" got {self.min_limit}"
+            )
+        object.__setattr__(self, "max_limit", int(self.max_limit))
+        if type(self.initial_limit) is _Default:  # left alone: within [min, max]
+            fitted = min(self.max_limit, max(self.min_limit, int(self.initial_limit)))
+            object.__setattr__(self, "initial_limit", fitted)
         _check_int("initial_limit", self.initial_limit, self.min_limit)
         if self.initial_limit > self.max_limit:
             raise ValueError(
@@ -186,9 +259,7 @@ class AdaptiveLimit:
         _check_number("tolerance", self.tolerance, 1.0, 3.0)
         if self.probe_interval is not None:
             _check_number("probe_interval", self.probe_interval, 0.0, math.inf)
-        _check_number("backoff", self.backoff, 0.0, 1.0)
-        if self.backoff == 1:
-            raise ValueError("AdaptiveLimit.backoff must be < 1, got 1")
+        _check_number("backoff", self.backoff, 0.0, 1.0, high_open=True)
         statuses = self.drop_statuses
         if not isinstance(statuses, AbstractSet):
             raise TypeError(
@@ -207,14 +278,18 @@ class Gradient:
 
     __slots__ = (
         "_at_min",
+        "_calm",
+        "_ceiling",
         "_drops",
         "_inflight",
         "_next_probe",
         "_opened",
+        "_peak",
         "_probing",
         "_rng",
         "_samples",
         "_saved",
+        "_used",
         "limit",
         "no_load",
         "spec",
@@ -229,8 +304,12 @@ class Gradient:
         self._samples: list[float] = []
         self._drops = 0
         self._inflight = 0  # most slots in use seen in the window
+        self._used = 0  # sum of the slots in use at each sample of the window
         self._opened = -math.inf  # samples of exchanges that started earlier are ignored
         self._at_min = 0
+        self._calm = 0  # windows since the last cut
+        self._peak = 0  # the highest limit since the last probe
+        self._ceiling = 0  # the limit at the last cut
         self._saved = self.limit
         self._probing = False
         self._next_probe = math.inf
@@ -248,18 +327,24 @@ class Gradient:
         if started < self._opened:
             return self.applied  # measures a limit no longer in force
         self._inflight = max(self._inflight, inflight)
+        self._used += inflight
         if dropped:
             self._drops += 1
         else:
             self._samples.append(latency)
-        wanted = PROBE_SAMPLES if self._probing else WINDOW_SAMPLES
+        if self._probing:
+            # Up to PROBE_SAMPLES, about four round trips of the probe's limit.
+            wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self.applied))
+        else:
+            wanted = WINDOW_SAMPLES
         if len(self._samples) + self._drops >= max(wanted, self.applied):
             self._close_window(now)
         return self.applied
 
     def _close_window(self, now: float) -> None:
         samples, drops, inflight = self._samples, self._drops, self._inflight
-        self._samples, self._drops, self._inflight = [], 0, 0
+        used = self._used / max(1, len(samples) + drops)
+        self._samples, self._drops, self._inflight, self._used = [], 0, 0, 0
         before = self.applied
         median = _median(samples) if samples else None
         if self._probing:
@@ -272,18 +357,25 @@ class Gradient:
             return
         spec = self.spec
         if median is not None and self.no_load is not None and median > 0:
-            if median < self.no_load:  # halfway: a min over noisy medians would sink
+            if median < self.no_load * (1 - DESCENT):  # halfway: the minimum would sink
                 self.no_load = (self.no_load + median) / 2
             ratio = median / self.no_load
-            quiet = ratio < 1 + (spec.tolerance - 1) * QUIET  # no queue to speak of
-            # Grow by GROWTH, or to the limit the queue implies (module docstring).
-            gradient = GROWTH if quiet else max(MIN_GRADIENT, spec.tolerance / ratio)
-            if gradient > 1 and inflight * 2 < self.applied:
+            if ratio > spec.tolerance:  # a queue: cut to the concurrency it implies
+                self._calm = 0
+                self._ceiling = self.applied
+                cut = self.applied * spec.tolerance * CUT_AIM / ratio
+                self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
+            elif inflight * 2 < self.applied:
                 pass  # the traffic does not use the limit: no evidence to grow
-            elif gradient > 1:  # at least one more slot: noise must not stall the growth
-                self.limit = max(self.limit * gradient, self.applied + 1.0)
-            else:  # half the cut a window asks: one window of noise is not a queue
-                self.limit *= 1 - SMOOTHING * (1 - gradient)
+            else:
+                self._calm += 1
+                quiet = ratio < 1 + (spec.tolerance - 1) * QUIET and used >= IN_USE * before
+                if quiet and before >= self._ceiling * ESCAPE:
+                    self._calm = max(self._calm, HOLD + STEPS + 1)  # the capacity grew
+                if quiet and self._calm > HOLD + STEPS:
+                    self.limit = max(self.limit * GROWTH, before + 1.0)
+                elif self._calm > HOLD:  # one slot at a time near the last queue
+                    self.limit = before + 1.0
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
@@ -291,11 +383,13 @@ class Gradient:
             self._opened = now  # exchanges that started before measure another limit
         self._at_min = self._at_min + 1 if self.applied == spec.min_limit else 0
         stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
+        self._peak = max(self._peak, self.applied)
+        stale = stale or self.applied <= self._peak * FALL_TO_PROBE
         if stale or self.no_load is None:
             self._start_probe(now)
 
     def _start_probe(self, now: float, limit: float | None = None) -> None:
-        self._at_min = 0
+        self._at_min = self._peak = 0
         self._probing = True
         self._saved = self.limit
         if limit is None:
@@ -345,8 +439,13 @@ def make_algorithm(spec: AdaptiveLimit, rng: random.Random | None = None) -> Gra
 
 
 def _median(values: list[float]) -> float:
+    """The median (of an even count, the mean of the middle two: the lower one alone is
+    biased low, the more so the smaller the window)."""
     ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def is_drop(exc: BaseException) -> bool:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import AcquireTimeout, AdaptiveLimit, BulkheadFull, BulkheadTransport, Policy
+from httpx_bulkhead._adaptive import FIRST_PROBE_SAMPLES
 from tests.conftest import until
 from tests.servers import HypercornServer, TestApp
 
@@ -81,7 +82,7 @@ async def test_the_limit_falls_as_the_server_slows_and_rises_as_it_recovers(
             ]
 
         # The first probe (at min_limit) measures the no-load latency.
-        await run(4, dependency(0.1, 8))
+        await run(FIRST_PROBE_SAMPLES, dependency(0.1, 8))
         stats = transport.statistics()[name]
         assert stats.no_load_latency == pytest.approx(0.1)
         healthy = await run(30, dependency(0.1, 8))
@@ -208,7 +209,7 @@ async def test_the_exporters_follow_the_adaptive_limit(
     name = server.url
     label = f'compartment="{name}"'
     async with httpx.AsyncClient(transport=transport, base_url=server.url, timeout=10) as client:
-        for _ in range(4):  # the first probe
+        for _ in range(FIRST_PROBE_SAMPLES):  # the first probe
             await one_round(client, transport, name, app, unique("e"), clock, lambda n: 0.25)
         stats = transport.statistics()[name]
         assert (stats.limit, stats.no_load_latency) == (6, 0.25)

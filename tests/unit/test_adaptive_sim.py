@@ -1,0 +1,82 @@
+"""The adaptive limit against the lab's model (``benchmarks/adaptive_sim.py``): virtual time,
+the real ``Limiter`` and ``AdaptiveController``, a dependency whose capacity goes
+16 -> 4 -> 24 under an open-loop load, our own process's noise modelled (quiet, loaded).
+
+The issue's targets, as far as the model says they can be met (see the simulation's
+docstring and the README for the ones it cannot: the whole-phase p99 of phase 2, where the
+requests in flight when the capacity falls wait in the dependency's queue whatever we do,
+and the goodput of phase 3 against a static limit of 64, which starts the phase with a
+queue ready).  ``BULKHEAD_ADAPTIVE_SIM_SEEDS=12`` runs seeds 1 to 12 instead of 1 to 3.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+import pytest
+
+from benchmarks import adaptive_sim
+
+SEEDS = range(1, int(os.environ.get("BULKHEAD_ADAPTIVE_SIM_SEEDS") or 3) + 1)
+
+
+NOISES = [adaptive_sim.QUIET, adaptive_sim.LOADED]
+
+
+@pytest.fixture(scope="module", params=NOISES, ids=[noise.name for noise in NOISES])
+def verdicts(request: pytest.FixtureRequest) -> list[list[dict[str, Any]]]:
+    """Per seed, ``adaptive_sim.verdicts`` (one dict per phase)."""
+    noise: adaptive_sim.Noise = request.param
+    return [adaptive_sim.verdicts(adaptive_sim.run(seed, noise)) for seed in SEEDS]
+
+
+@pytest.mark.parametrize("phase", [1, 2, 3])
+def test_the_limit_settles_within_25_percent_of_the_capacity(
+    verdicts: list[list[dict[str, Any]]], phase: int
+) -> None:
+    """In band (N +- 25%) within 5 s of each change, then there 85% of the time on average
+    over the seeds, and never less than half the time (no collapse, no runaway)."""
+    runs = [run[phase - 1] for run in verdicts]
+    for v in runs:
+        assert v["first_in_band_s"] is not None and v["first_in_band_s"] < 5, v
+        assert v["in_band_after_5s"] >= 0.5, v
+    assert statistics.mean(v["in_band_after_5s"] for v in runs) >= 0.85, runs
+
+
+@pytest.mark.parametrize("phase", [1, 2, 3])
+def test_goodput_stays_near_the_best_static_limit(
+    verdicts: list[list[dict[str, Any]]], phase: int
+) -> None:
+    """At least 90% of the best static limit's goodput once settled (from 5 s in), and 75%
+    over the whole phase (its start included: the climb from 4 to 24 slots, or the first
+    probe)."""
+    for run in verdicts:
+        v = run[phase - 1]
+        assert v["goodput_share"] >= 0.75, v
+        assert v["goodput_after_5s_share"] >= 0.9, v
+
+
+@pytest.mark.parametrize("phase", [1, 3])
+def test_p99_stays_near_the_service_time_once_settled(
+    verdicts: list[list[dict[str, Any]]], phase: int
+) -> None:
+    """From 5 s in, p99 at most 1.7x the service time (1.5x is the issue's target; our own
+    modelled noise alone puts a queue-free p99 near 1.3x), where the too-high static limit's
+    is 2.8x and more."""
+    for run in verdicts:
+        v = run[phase - 1]
+        assert v["p99_after_5s_x"] <= 1.7, v
+        assert v["too_high_p99_x"] > 2.8, v
+
+
+def test_a_lasting_lag_of_our_own_does_not_cut_the_limit_to_nothing() -> None:
+    """From 3 s in, our process sees each response 25 ms later, whatever the limit (the lab's
+    machine once other work got going).  Against the no-load latency of the first probe that
+    reads as a queue no cut cures; the limit falls to half its peak, a probe re-measures,
+    and goodput from 5 s in stays within 15% of the best static limit in every phase
+    (without the probe at half the peak: 7% in phase 1; the previous release: about 40%)."""
+    for seed in SEEDS:
+        for v in adaptive_sim.verdicts(adaptive_sim.run(seed, adaptive_sim.SLOWER)):
+            assert v["goodput_after_5s_share"] >= 0.85, v
