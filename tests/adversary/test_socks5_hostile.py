@@ -10,8 +10,8 @@ transport and the same proxy (whose fault hits only its first connection) succee
 descriptor check runs after each test.
 
 A seeded loop cuts the proxy's side of the exchange at a random byte (then close, reset
-or silence), or trickles it a byte per segment: ``BULKHEAD_REVIEW_SOCKS_EXAMPLES``
-(default 12 per backend) and ``BULKHEAD_REVIEW_SOCKS_SEED`` run more or another seed.
+or silence), or trickles it a byte per segment: ``BULKHEAD_ADVERSARY_SOCKS_EXAMPLES``
+(default 12 per backend) and ``BULKHEAD_ADVERSARY_SOCKS_SEED`` run more or another seed.
 No name here is ever resolved by the system: long names go through ``socks5h://`` only.
 """
 
@@ -37,8 +37,8 @@ from tests.servers.tls import untrusted_server_tls
 
 pytestmark = pytest.mark.anyio
 
-EXAMPLES = int(os.environ.get("BULKHEAD_REVIEW_SOCKS_EXAMPLES", "12"))
-SEED = os.environ.get("BULKHEAD_REVIEW_SOCKS_SEED")
+EXAMPLES = int(os.environ.get("BULKHEAD_ADVERSARY_SOCKS_EXAMPLES", "12"))
+SEED = os.environ.get("BULKHEAD_ADVERSARY_SOCKS_SEED")
 CONNECT_TIMEOUT = 0.3
 #: Longest a failed request may take: the connect timeout and slack for a loaded machine.
 DEADLINE = CONNECT_TIMEOUT + 3.0

@@ -10,7 +10,7 @@ or in use); the limit stays within ``[min_limit, max_limit]`` and its history bo
 a run of drops takes AIMD to ``min_limit`` and a run of successes raises it again; no
 thread outlives ``close()``; no descriptor is left open.
 
-``BULKHEAD_REVIEW_ADAPTIVE_SEED`` picks the schedule.
+``BULKHEAD_ADVERSARY_ADAPTIVE_SEED`` picks the schedule.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.servers.raw import RawConn, request_path
 
 from .threads import left_behind, transport_threads
 
-SEED = int(os.environ.get("BULKHEAD_REVIEW_ADAPTIVE_SEED", "0"))
+SEED = int(os.environ.get("BULKHEAD_ADVERSARY_ADAPTIVE_SEED", "0"))
 THREADS = 24
 REQUESTS = 12
 WAIT = 30.0

@@ -7,7 +7,7 @@ Every thread ends within its deadline with a response or an httpx error
 returns, no thread of the transport is left, no slot is running or waiting and no
 connection remains; no descriptor is left open.
 
-``BULKHEAD_REVIEW_CLOSE_RUNS`` (default 2 per protocol) and ``BULKHEAD_REVIEW_CLOSE_SEED``.
+``BULKHEAD_ADVERSARY_CLOSE_RUNS`` (default 2 per protocol) and ``BULKHEAD_ADVERSARY_CLOSE_SEED``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from tests.servers.raw import keepalive_ok
 
 from .threads import left_behind, transport_threads
 
-RUNS = int(os.environ.get("BULKHEAD_REVIEW_CLOSE_RUNS", "2"))
-FIRST_SEED = int(os.environ.get("BULKHEAD_REVIEW_CLOSE_SEED", "0"))
+RUNS = int(os.environ.get("BULKHEAD_ADVERSARY_CLOSE_RUNS", "2"))
+FIRST_SEED = int(os.environ.get("BULKHEAD_ADVERSARY_CLOSE_SEED", "0"))
 THREADS = 32
 WAIT = 20.0
 

@@ -10,8 +10,8 @@ no thread hangs, the transport's counters agree, nothing is left running, waitin
 use, the next request succeeds, no thread of the transport outlives ``close()`` and no
 descriptor is left open.
 
-``BULKHEAD_REVIEW_INTERRUPT_RUNS`` (default 3) sets the number of seeded runs,
-``BULKHEAD_REVIEW_INTERRUPT_SEED`` the first seed (the failing seed is in the message).
+``BULKHEAD_ADVERSARY_INTERRUPT_RUNS`` (default 3) sets the number of seeded runs,
+``BULKHEAD_ADVERSARY_INTERRUPT_SEED`` the first seed (the failing seed is in the message).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from tests.servers.raw import RawConn, request_path
 
 from .threads import left_behind, transport_threads
 
-RUNS = int(os.environ.get("BULKHEAD_REVIEW_INTERRUPT_RUNS", "3"))
-FIRST_SEED = int(os.environ.get("BULKHEAD_REVIEW_INTERRUPT_SEED", "0"))
+RUNS = int(os.environ.get("BULKHEAD_ADVERSARY_INTERRUPT_RUNS", "3"))
+FIRST_SEED = int(os.environ.get("BULKHEAD_ADVERSARY_INTERRUPT_SEED", "0"))
 THREADS = 8
 REQUESTS = 25
 #: Longest a run may take on a loaded machine; a wedged transport never ends.

@@ -8,7 +8,7 @@ After the run: no thread hangs; every outcome is a response or an httpx error; c
 agree and nothing is running, waiting, in use or open on either side; the next request
 succeeds; no thread of the transport outlives ``close()``; no descriptor is left open.
 
-``BULKHEAD_REVIEW_H2_SEED`` picks the schedule.
+``BULKHEAD_ADVERSARY_H2_SEED`` picks the schedule.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.servers.h2script import H2Reset, H2ScriptServer
 
 from .threads import left_behind, transport_threads
 
-SEED = int(os.environ.get("BULKHEAD_REVIEW_H2_SEED", "0"))
+SEED = int(os.environ.get("BULKHEAD_ADVERSARY_H2_SEED", "0"))
 THREADS = 16
 REQUESTS = 10
 WAIT = 30.0
