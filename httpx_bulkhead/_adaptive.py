@@ -211,7 +211,8 @@ class AdaptiveLimit:
             a queue. Default 1.1; in ``(1, 3]``.
         probe_interval: gradient only: seconds between two measures of the no-load
             latency (the limit drops to a quarter for about two round trips). ``None``:
-            only the first probe and those after a long stay at ``min_limit``. Default 60.
+            only the first probe and those after the limit fell to half its peak (or
+            stayed at ``min_limit``). Default 60.
         backoff: the limit is multiplied by this on a drop (at most once per round trip
             for AIMD, per window for the gradient). Default 0.9; in ``(0, 1)``.
         drop_statuses: response status codes that count as drops, e.g. ``{429, 503}``
