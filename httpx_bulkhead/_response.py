@@ -86,6 +86,13 @@ class ResponseStream(httpx.AsyncByteStream):
             if deadline is not None and self._timeouts.clock() >= deadline:
                 raise self._timeouts.expired("while reading the response body", self._request)
             chunk = await self._exchange.receive_body(self._request, self._timeouts)
+        except Exception as exc:
+            if isinstance(self._error, httpx.StreamClosed):
+                # Closed by another task or thread while this read waited: the read's own
+                # error (a socket closed under it) is a consequence, not the cause.
+                raise httpx.StreamClosed() from exc
+            await self._finish(exc)
+            raise
         except BaseException as exc:
             await self._finish(exc)
             raise

@@ -88,6 +88,13 @@ class ResponseStream(httpx.SyncByteStream):
             if deadline is not None and self._timeouts.clock() >= deadline:
                 raise self._timeouts.expired("while reading the response body", self._request)
             chunk = self._exchange.receive_body(self._request, self._timeouts)
+        except Exception as exc:
+            if isinstance(self._error, httpx.StreamClosed):
+                # Closed by another thread or thread while this read waited: the read's own
+                # error (a socket closed under it) is a consequence, not the cause.
+                raise httpx.StreamClosed() from exc
+            self._finish(exc)
+            raise
         except BaseException as exc:
             self._finish(exc)
             raise
