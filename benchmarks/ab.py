@@ -2,6 +2,7 @@
 
     python -m benchmarks.ab --base abb1359            # base revision vs the working tree
     python -m benchmarks.ab --base main --rounds 12   # more rounds, less noise
+    python -m benchmarks.ab --base main --only h2c    # the HTTP/2 cases alone
 
 What it does: one Node.js server (``server.js``, pinned to the other core, HTTP/1.1 and an
 h2c port) serves every contestant.  Child processes alternate between the two revisions
@@ -119,9 +120,11 @@ def base_tree(revision: str) -> Iterator[Path]:
             )
 
 
-def run_child(tree: Path, h1_url: str, h2_url: str, batches: int) -> dict[str, float]:
+def run_child(
+    tree: Path, h1_url: str, h2_url: str, batches: int, cases: list[Any]
+) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    args = json.dumps([h1_url, h2_url, CASES, batches])
+    args = json.dumps([h1_url, h2_url, cases, batches])
     cmd = [sys.executable, "-c", CHILD, args]
     if sys.platform == "linux" and (os.cpu_count() or 1) > 1:
         cmd = ["taskset", "-c", "0", *cmd]  # the client core (the server has core 1)
@@ -138,7 +141,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8, help="children per revision")
     parser.add_argument("--batches", type=int, default=5, help="batches per case per child")
     parser.add_argument("--json", type=Path, help="also write the raw ratios here")
+    parser.add_argument("--only", help="run only the cases whose name contains this")
     args = parser.parse_args()
+    cases = [c for c in CASES if args.only is None or args.only in c[0]]
     results: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
     started = time.monotonic()
     with base_tree(args.base) as base, NodeServer(ports=1) as h1, NodeServer(http2=True) as h2:
@@ -146,7 +151,9 @@ def main() -> int:
         for round_ in range(args.rounds):
             order = ["base", "head"] if round_ % 2 == 0 else ["head", "base"]
             for name in order:
-                results[name].append(run_child(trees[name], h1.url(), h2.url(), args.batches))
+                results[name].append(
+                    run_child(trees[name], h1.url(), h2.url(), args.batches, cases)
+                )
             print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
     print(
         f"base {args.base} vs head (working tree), {args.rounds} rounds per revision, "
@@ -156,7 +163,7 @@ def main() -> int:
     print("| case | base ratio | head ratio | head / base (median, range) |")
     print("|---|---:|---:|---:|")
     summary: dict[str, Any] = {}
-    for name, *_ in CASES:
+    for name, *_ in cases:
         base_r = [r[name] for r in results["base"]]
         head_r = [r[name] for r in results["head"]]
         paired = sorted(h / b for h, b in zip(head_r, base_r, strict=True))
