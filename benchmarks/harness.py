@@ -19,8 +19,8 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
   (``BulkheadTransport(http1=False, http2=True)``).  The server counts the TCP connections
   each port accepted (``NodeServer.stats``), so each contestant gets a port of its own.
 * ``h2-floor``: h2 driven over a bare asyncio ``Protocol``, one h2c connection for all
-  workers, streams multiplexed, output written once per read; no pool, no limits, h2's
-  default configuration: the least an h2-based client can do.
+  workers, streams multiplexed, output written once per read; no pool, no limits, h2
+  configured as BulkheadTransport configures it: the least an h2-based client can do.
 * Drivers run one request each: through ``httpx.AsyncClient`` (``level="client"``) or by
   calling ``transport.handle_async_request`` directly (``level="transport"``).
 
@@ -51,13 +51,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
 
-import h2.config
 import h2.connection
 import h2.events
 import h11
 import httpx
 
 from httpx_bulkhead import BulkheadTransport, Policy
+from httpx_bulkhead._http2 import H2_CONFIG
 from httpx_bulkhead._load import CallRecord, percentile, saturate, steady_calls
 
 __all__ = [
@@ -489,11 +489,12 @@ class H11FloorDriver:
 class _H2Connection(asyncio.Protocol):
     """One h2c connection (prior knowledge) driven by h2 on a bare asyncio Protocol: every
     stream's waiter is resolved by ``data_received``, which writes h2's output once per
-    read (WINDOW_UPDATEs, SETTINGS acks)."""
+    read (WINDOW_UPDATEs, SETTINGS acks).  h2 is configured as BulkheadTransport configures
+    it (``H2_CONFIG``: outbound header checks off), so the ratio to the floor is what our
+    code adds to the same h2 work."""
 
     def __init__(self) -> None:
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = h2.connection.H2Connection(config=H2_CONFIG)
         self._transport: asyncio.Transport | None = None
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._status: dict[int, int] = {}
