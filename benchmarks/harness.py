@@ -649,17 +649,18 @@ async def run_batch(
     ``max_seconds``, workers stop taking new requests after that long (slow contestants)."""
     counter = itertools.count()
     done = 0
-    deadline = math.inf if max_seconds is None else time.perf_counter() + max_seconds
 
     async def worker(w: int) -> None:
         nonlocal done
         for i in counter:
-            if i >= requests or time.perf_counter() > deadline:
+            # (at least one request per batch: a stalled machine must not leave it empty)
+            if i >= requests or (done and time.perf_counter() > deadline):
                 return
             await call(w, i)
             done += 1
 
     gc.collect()
+    deadline = math.inf if max_seconds is None else time.perf_counter() + max_seconds
     cpu0, wall0 = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return Sample(done, time.process_time() - cpu0, time.perf_counter() - wall0)
