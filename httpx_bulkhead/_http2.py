@@ -242,12 +242,7 @@ class HTTP2Connection:
         self._sleepers: OrderedDict[_Sleeper, None] = OrderedDict()
         self._window_waiters: dict[H2Stream, None] = {}
         self._reading = False
-        # unasync: skip
-        # fast_acquire: a free lock is taken without a trip through the event loop (one
-        # per flush, so one per request); the wait for a held one is FIFO as before.
-        self._write_lock = anyio.Lock(fast_acquire=True)
-        # unasync: end
-        # unasync: use self._write_lock = _threads.Lock()
+        self._write_lock = anyio.Lock()
         self._broken: tuple[type[httpx.TransportError], str] | None = None
         self._got_settings = False
         #: The peer's SETTINGS_MAX_CONCURRENT_STREAMS, once it sent one.
