@@ -5,6 +5,7 @@
     python -m benchmarks.ab --base HEAD~1 --head HEAD --cases h11,httptools
                         # two commits (edit the tree meanwhile); only the cases named
     python -m benchmarks.ab --base main --yardstick floor   # HTTP/1.1 against the h11 floor
+    python -m benchmarks.ab --base main --cases h2c   # the HTTP/2 cases alone
 
 What it does: one Node.js server (``server.js``, pinned to the other core, HTTP/1.1 and an
 h2c port) serves every contestant.  Child processes alternate between the two revisions

@@ -19,6 +19,9 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
   ``httpx-default-h2`` (``AsyncHTTPTransport(http1=False, http2=True)``) and ``bulkhead-h2``
   (``BulkheadTransport(http1=False, http2=True)``).  The server counts the TCP connections
   each port accepted (``NodeServer.stats``), so each contestant gets a port of its own.
+* ``h2-floor``: h2 driven over a bare asyncio ``Protocol``, one h2c connection for all
+  workers, streams multiplexed, output written once per read; no pool, no limits, h2
+  configured as BulkheadTransport configures it: the least an h2-based client can do.
 * Drivers run one request each: through ``httpx.AsyncClient`` (``level="client"``) or by
   calling ``transport.handle_async_request`` directly (``level="transport"``).
 
@@ -49,6 +52,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
 
+import h2.connection
+import h2.events
 import h11
 import httpx
 
@@ -61,6 +66,7 @@ from benchmarks.contestants import (
     aiohttp_transport,
 )
 from httpx_bulkhead import BulkheadTransport, Policy
+from httpx_bulkhead._http2 import H2_CONFIG
 from httpx_bulkhead._load import CallRecord, percentile, saturate, steady_calls
 
 __all__ = [
@@ -72,6 +78,7 @@ __all__ = [
     "H2_BULKHEAD",
     "H2_CONTESTANTS",
     "H2_DEFAULT",
+    "H2_FLOOR",
     "HTTPTOOLS",
     "HTTPTOOLS_FLOOR",
     "HTTPX_AIOHTTP",
@@ -101,7 +108,9 @@ MORE_CONTESTANTS = (HTTPTOOLS_FLOOR, HTTPX_AIOHTTP, AIOHTTP)
 #: HTTP/2 with prior knowledge (h2c), one origin: the same two transports, ``http1=False``.
 H2_DEFAULT = "httpx-default-h2"
 H2_BULKHEAD = "bulkhead-h2"
-H2_CONTESTANTS = (H2_DEFAULT, H2_BULKHEAD)
+#: The HTTP/2 floor: h2 driven over a bare asyncio ``Protocol`` (``H2FloorDriver``).
+H2_FLOOR = "h2-floor"
+H2_CONTESTANTS = (H2_DEFAULT, H2_BULKHEAD, H2_FLOOR)
 #: The base each contestant's ``cpu_ratio`` is taken against (httpx's default, same protocol).
 BASE_OF = {
     BULKHEAD: DEFAULT,
@@ -111,6 +120,7 @@ BASE_OF = {
     HTTPX_AIOHTTP: DEFAULT,
     AIOHTTP: DEFAULT,
     H2_BULKHEAD: H2_DEFAULT,
+    H2_FLOOR: H2_DEFAULT,
 }
 
 Level = Literal["client", "transport"]
@@ -493,6 +503,108 @@ class H11FloorDriver:
         await asyncio.sleep(0)  # let the loop run the transports' close callbacks
 
 
+class _H2Connection(asyncio.Protocol):
+    """One h2c connection (prior knowledge) driven by h2 on a bare asyncio Protocol: every
+    stream's waiter is resolved by ``data_received``, which writes h2's output once per
+    read (WINDOW_UPDATEs, SETTINGS acks).  h2 is configured as BulkheadTransport configures
+    it (``H2_CONFIG``: outbound header checks off), so the ratio to the floor is what our
+    code adds to the same h2 work."""
+
+    def __init__(self) -> None:
+        self._h2 = h2.connection.H2Connection(config=H2_CONFIG)
+        self._transport: asyncio.Transport | None = None
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._status: dict[int, int] = {}
+        self._lost: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._h2.initiate_connection()
+        transport.write(self._h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        h2c = self._h2
+        for event in h2c.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                for name, value in event.headers:
+                    if name == b":status":
+                        self._status[event.stream_id] = int(value)
+            elif isinstance(event, h2.events.DataReceived):
+                h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                waiter = self._waiters.pop(event.stream_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(self._status.pop(event.stream_id, 0))
+            elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                self.connection_lost(ConnectionError(f"HTTP/2: {type(event).__name__}"))
+                return
+        out = h2c.data_to_send()
+        if out and self._transport is not None:
+            self._transport.write(out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = exc or ConnectionError("connection lost")
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(self._lost)
+        self._waiters.clear()
+
+    async def get(self, headers: list[tuple[bytes, bytes]]) -> int:
+        assert self._transport is not None
+        if self._lost is not None:
+            raise self._lost
+        h2c = self._h2
+        stream_id = h2c.get_next_available_stream_id()
+        h2c.send_headers(stream_id, headers, end_stream=True)
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters[stream_id] = waiter
+        self._transport.write(h2c.data_to_send())
+        return await waiter
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+class H2FloorDriver:
+    """The HTTP/2 floor: one h2c connection (prior knowledge) shared by every worker, one
+    stream per request, opened in ``start``; no pool, no limits, the same request headers
+    as ``httpx.AsyncClient`` sends."""
+
+    def __init__(self, url: str) -> None:
+        self.name = H2_FLOOR
+        parsed = httpx.URL(url)
+        self._host, self._port = parsed.host, parsed.port or 80
+        self._headers = [
+            (b":method", b"GET"),
+            (b":authority", f"{self._host}:{self._port}".encode()),
+            (b":scheme", b"http"),
+            (b":path", parsed.raw_path),
+            (b"accept", b"*/*"),
+            (b"accept-encoding", b"gzip, deflate"),
+            (b"user-agent", f"python-httpx/{httpx.__version__}".encode()),
+        ]
+        self._conn: _H2Connection | None = None
+
+    async def start(self) -> H2FloorDriver:
+        loop = asyncio.get_running_loop()
+        _, self._conn = await loop.create_connection(_H2Connection, self._host, self._port)
+        return self
+
+    async def __call__(self, worker: int, i: int) -> None:
+        assert self._conn is not None
+        status = await self._conn.get(self._headers)
+        if status != 200:
+            raise RuntimeError(f"unexpected status {status}")
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        await asyncio.sleep(0)  # let the loop run the transport's close callback
+
+
 async def make_driver(
     contestant: str, level: Level, urls: Sequence[str], concurrency: int
 ) -> Driver:
@@ -508,6 +620,10 @@ async def make_driver(
         return await HttptoolsFloorDriver(urls[0], concurrency).start()
     if contestant == AIOHTTP:  # a whole client: the same driver at both levels
         return AiohttpDriver(urls, concurrency if len(urls) == 1 else None, IDLE_SECONDS)
+    if contestant == H2_FLOOR:
+        if len(urls) != 1:
+            raise ValueError("the h2 floor serves one origin")
+        return await H2FloorDriver(urls[0]).start()
     transport: httpx.AsyncBaseTransport
     if contestant in (DEFAULT, H2_DEFAULT):
         transport = default_transport(
@@ -558,17 +674,18 @@ async def run_batch(
     ``max_seconds``, workers stop taking new requests after that long (slow contestants)."""
     counter = itertools.count()
     done = 0
-    deadline = math.inf if max_seconds is None else time.perf_counter() + max_seconds
 
     async def worker(w: int) -> None:
         nonlocal done
         for i in counter:
-            if i >= requests or time.perf_counter() > deadline:
+            # (at least one request per batch: a stalled machine must not leave it empty)
+            if i >= requests or (done and time.perf_counter() > deadline):
                 return
             await call(w, i)
             done += 1
 
     gc.collect()
+    deadline = math.inf if max_seconds is None else time.perf_counter() + max_seconds
     cpu0, wall0 = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return Sample(done, time.process_time() - cpu0, time.perf_counter() - wall0)

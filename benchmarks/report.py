@@ -21,8 +21,9 @@ overhead   client CPU per request, HTTP/1.1 keep-alive, concurrency 1 and 64, th
            issue 18's targets marked met or not (``targets.py``).
 http2      the same over HTTP/2 (h2c, prior knowledge, server cap 100 streams): httpx's
            default ``AsyncHTTPTransport(http1=False, http2=True)`` vs
-           ``BulkheadTransport(http1=False, http2=True)``, with BulkheadTransport over
-           HTTP/1.1 in the same rounds for reference, and the TCP connections each opened.
+           ``BulkheadTransport(http1=False, http2=True)`` beside an h2 floor (h2 on a bare
+           asyncio Protocol), with BulkheadTransport over HTTP/1.1 in the same rounds for
+           reference, and the TCP connections each opened; issue 18's targets marked.
 scaling    CPU per request with 1/10/100/1,000 origins (ports), and with 10 vs 1,000
            pooled connections to one origin, at concurrency 10 (transport level), for both
            HTTP/1.1 codecs of BulkheadTransport.  httpx's default pool does
@@ -194,6 +195,7 @@ async def _overhead_case(
                 (h.HTTPTOOLS, h.BULKHEAD),
                 (h.H2_BULKHEAD, h.BULKHEAD),
                 *tg.PAIRS,
+                (h.H2_BULKHEAD, h.H2_FLOOR),
             ],
         ),
         "server": seen,  # per contestant: port, connections, requests, max_streams
@@ -566,21 +568,46 @@ def overhead_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Issue 18's HTTP/2 targets: transport level against the h2 floor, client level against
+#: httpx's default transport (same-round CPU ratios, both concurrencies).
+H2_TARGETS = {"transport": (h.H2_FLOOR, 1.5), "client": (h.H2_DEFAULT, 0.5)}
+
+
+def _h2_target(row: dict[str, Any]) -> str:
+    """``≤ 1.5x floor: met (1.32x)``: the level's target and whether the row meets it."""
+    target = H2_TARGETS.get(row["level"])
+    if target is None:
+        return "-"
+    base, limit = target
+    ratio = row.get("paired", {}).get(f"{h.H2_BULKHEAD}/{base}")
+    if ratio is None:
+        summary = row["summary"].get(h.H2_BULKHEAD) if base == h.H2_DEFAULT else None
+        ratio = None if summary is None else [summary["cpu_ratio"]]
+    what = "floor" if base == h.H2_FLOOR else "default"
+    if ratio is None:
+        return f"≤ {limit}x {what}: -"
+    verdict = "met" if ratio[0] <= limit else "not met"
+    return f"≤ {limit}x {what}: {verdict} ({_ratio(ratio[0])})"
+
+
 def http2_table(rows: list[dict[str, Any]]) -> str:
-    names = (h.H2_DEFAULT, h.H2_BULKHEAD)
+    names = (h.H2_DEFAULT, h.H2_BULKHEAD, h.H2_FLOOR)
     lines = [
         "| level | conc. | httpx default h2 µs/req | bulkhead h2 µs/req | bulkhead / default"
-        " (range) | bulkhead HTTP/1.1 µs/req (same rounds) | bulkhead h2 / HTTP/1.1 |"
-        " default req/s | bulkhead req/s | TCP connections opened, default / bulkhead |"
-        " most streams at once on one connection, default / bulkhead |"
-        " samples: rounds x requests, default h2 / bulkhead h2 / bulkhead HTTP/1.1 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " (range) | h2 floor µs/req | bulkhead h2 / floor (range) | target (issue 18) |"
+        " bulkhead HTTP/1.1 µs/req (same rounds) | bulkhead h2 / HTTP/1.1 |"
+        " default req/s | bulkhead req/s | TCP connections opened, default / bulkhead / floor |"
+        " most streams at once on one connection, default / bulkhead / floor |"
+        " samples: rounds x requests, default h2 / bulkhead h2 / floor / bulkhead HTTP/1.1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         s = row["summary"]
-        d, b, one = (s.get(n) for n in (h.H2_DEFAULT, h.H2_BULKHEAD, h.BULKHEAD))
+        d, b, f, one = (s.get(n) for n in (*names, h.BULKHEAD))
         lines.append(
             f"| {row['level']} | {row['concurrency']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)}"
+            f" | {_cpu(f)} | {_paired(row, h.H2_BULKHEAD, h.H2_FLOOR, spread=True)}"
+            f" | {_h2_target(row)}"
             f" | {_cpu(one)} | {_paired(row, h.H2_BULKHEAD, h.BULKHEAD)} | {_rps(d)} | {_rps(b)}"
             f" | {_conns(row, names)} | {_conns(row, names, 'max_streams')}"
             f" | {_all_counts(row, (*names, h.BULKHEAD))} |"
@@ -854,7 +881,9 @@ def markdown(results: dict[str, Any]) -> str:
             f" {cap} concurrent streams)",
             "",
             "`AsyncHTTPTransport(http1=False, http2=True)` vs"
-            " `BulkheadTransport(http1=False, http2=True)` (max_concurrency = concurrency);"
+            " `BulkheadTransport(http1=False, http2=True)` (max_concurrency = concurrency),"
+            " beside the h2 floor (h2 on a bare asyncio Protocol, one connection, streams"
+            " multiplexed, no pool, no limits, the same h2 configuration as BulkheadTransport);"
             " BulkheadTransport over HTTP/1.1 (h11) ran in the same rounds for reference.",
             "",
             *_earlier(results, "http2"),

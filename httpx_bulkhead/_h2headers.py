@@ -8,6 +8,17 @@ with NUL, CR or LF (RFC 9113 §8.2.1), ``:method``, ``:authority`` (Host) or ``:
 ``target`` extension) with a control or a space.  Costs one regular-expression search over
 the joined values and one each over authority and path; names and methods already found
 valid are remembered (values never are: they may be secrets).
+
+The list is final: h2 sends it as it is (its outbound normalisation and validation are off,
+``H2_CONFIG`` in ``_http2``, because they cost a third of a request's h2 time and repeat
+what is done here).  So this module also does what they did: names lowercased and
+connection-specific headers dropped (RFC 9113 §8.2.2), values stripped of surrounding
+whitespace (§8.2.1), ``authorization``, ``proxy-authorization`` and short ``cookie`` values
+kept out of the HPACK dynamic table (never indexed, RFC 7541 §7.1.3, as h2 and nghttp2
+do), and a request h2 would have refused is refused here: an empty ``:path`` and an
+ordinary CONNECT (which must not carry ``:scheme`` or ``:path``, §8.5).
+tests/unit/test_h2headers.py checks, on generated requests, that the list and the verdict
+are h2's own.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import re
 from typing import Any
 
 import httpx
+from hpack import NeverIndexedHeaderTuple
 
 from ._exchange import ResponseHead
 
@@ -35,6 +47,9 @@ _BAD_PSEUDO = re.compile(rb"[\x00-\x20\x7f]")
 _GOOD_NAMES: set[bytes] = set()
 _GOOD_METHODS: dict[str, bytes] = {}
 _CACHE_LIMIT = 1024
+#: Kept out of HPACK's dynamic table (never indexed); ``cookie`` only below this length.
+_SECRET_HEADERS = frozenset({b"authorization", b"proxy-authorization"})
+_SHORT_COOKIE = 20
 #: The reason phrase httpx gives each status (HTTP/2 has none on the wire).
 _REASONS = {int(code): httpx.codes.get_reason_phrase(code).encode() for code in httpx.codes}
 
@@ -65,7 +80,11 @@ def request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
             continue
         if lowered == b"te" and value.lower() != b"trailers":
             continue
-        headers.append((lowered, value))
+        value = value.strip()
+        if lowered in _SECRET_HEADERS or (lowered == b"cookie" and len(value) < _SHORT_COOKIE):
+            headers.append(NeverIndexedHeaderTuple(lowered, value))
+        else:
+            headers.append((lowered, value))
     if not isinstance(target, bytes):
         raise httpx.LocalProtocolError("the 'target' extension must be bytes", request=request)
     if _BAD_PSEUDO.search(authority) or _BAD_PSEUDO.search(target):
@@ -77,6 +96,12 @@ def request_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
         raise httpx.LocalProtocolError(
             f"invalid character (CR, LF or NUL) in header {name.decode('ascii')!r}",
             request=request,
+        )
+    if not target:
+        raise httpx.LocalProtocolError("an empty :path is forbidden", request=request)
+    if method == b"CONNECT":
+        raise httpx.LocalProtocolError(
+            "an ordinary CONNECT request over HTTP/2 has no :scheme or :path", request=request
         )
     pseudo = [(b":method", method), (b":authority", authority), (b":scheme", url.raw_scheme)]
     pseudo.append((b":path", target))

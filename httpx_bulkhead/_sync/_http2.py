@@ -120,6 +120,16 @@ MAX_SHIELDED_WRITE = 60.0
 #: is not waited on (the connection is discarded).
 IDLE_READ_BOUND = 0.1
 
+#: h2's configuration: bytes headers; the outbound header list goes out as
+#: ``_h2headers.request_headers`` built it (which does h2's normalisation and validation,
+#: at a fraction of their cost); inbound headers stay validated by h2.  Never mutated.
+H2_CONFIG = h2.config.H2Configuration(
+    client_side=True,
+    header_encoding=None,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+)
+
 #: Stand-ins for flushes that serve no one request (acks, resets, PINGs): errors there only
 #: mark the connection broken, and each stream then raises with its own request.
 _INTERNAL = httpx.Request("GET", "http://internal.invalid/")
@@ -222,8 +232,7 @@ class HTTP2Connection:
         self.id = next_connection_id()
         self.cap = 1  # concurrent streams, as last reported (``on_cap``)
         self.draining = False  # no new stream: GOAWAY, or the pool says so (lifetime)
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = _H2Connection(config=config)
+        self._h2 = _H2Connection(config=H2_CONFIG)
         self._net = stream
         self.network_stream = NetworkStream(stream)  # the response extension
         self.proxy: str | None = None  # the proxy this connection goes through (its URL)
