@@ -230,7 +230,9 @@ class H11Codec:
     def reuse(self) -> bool:
         # After a body delimited by the end of the stream h11 reports both sides DONE, but
         # the peer has closed: nothing can follow.
-        if self._eof:
+        # Bytes already after the response belong to no request (a desync or a smuggled
+        # response): the connection is not reused, as the httptools codec decides too.
+        if self._eof or self._h11.trailing_data[0]:
             return False
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()

@@ -448,7 +448,7 @@ ROWS: list[Row] = [
         Succeeds((b"fresh",), reused=False),
         deadline=2.0,
         prepare=first_then_ok,
-        stats={"completed": 2, "peer_closed": 1, "connections_created": 2},
+        stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
         connections=1,
     ),
     Row(
@@ -580,7 +580,7 @@ ROWS: list[Row] = [
         deadline=2.0,
         tls=TLS,
         prepare=first_then_ok,
-        stats={"completed": 2, "peer_closed": 1, "connections_created": 2},
+        stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
         connections=1,
     ),
     Row(
@@ -912,13 +912,32 @@ async def test_fault(row: Row, anyio_backend: str, flavour: Flavour) -> None:
     assert_no_fd_growth(before, row.id)
 
 
-async def run_row(row: Row, anyio_backend: str, flavour: Flavour = "async") -> None:
+@pytest.mark.parametrize("row", [pytest.param(row, id=row.id) for row in ROWS if not row.http2])
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_fault_with_httptools(row: Row, anyio_backend: str) -> None:
+    """Every HTTP/1.1 row with the optional codec: the same verdict, error, deadline and
+    counters (discard reasons included) as with h11, the reference."""
+    pytest.importorskip("httptools")
+    before = FdSnapshot.take()
+    await run_row(row, anyio_backend, parser="httptools")
+    await settle_io()
+    assert_no_fd_growth(before, row.id)
+
+
+async def run_row(
+    row: Row, anyio_backend: str, flavour: Flavour = "async", parser: str = "h11"
+) -> None:
     with row.server() as srv:
         scheme = "https" if row.tls is not None else "http"
         url = f"{scheme}://127.0.0.1:{srv.port}"
         verify: ssl.SSLContext | bool = True if row.tls is None else row.tls.client_ssl_context()
         transport = make_transport(
-            flavour, default=row.policy, http1=not row.http2, http2=row.http2, verify=verify
+            flavour,
+            default=row.policy,
+            http1=not row.http2,
+            http2=row.http2,
+            verify=verify,
+            http1_parser=parser,
         )
         async with client_for(transport, timeout=row.timeout) as client:
             ctx = Ctx(client, transport, srv, url, anyio_backend)
