@@ -203,6 +203,21 @@ def test_a_dependency_slower_for_good_starts_a_probe() -> None:
     assert trace[-1] == spec.max_limit
 
 
+def test_one_slow_window_does_not_start_a_probe() -> None:
+    """One round 2.5x slower (a stall of our own process, as the real lab's at 40.5 s)
+    halves the limit, to half its peak; that alone does not start a probe (which would drop
+    the limit to a quarter of that and re-measure nothing new): the next round is quiet."""
+    spec = AdaptiveLimit(initial_limit=40, max_limit=40, probe_interval=None)
+    algorithm = Gradient(spec, random.Random(8))
+    now, _ = rounds(algorithm, lambda now, limit: 0.01, 1.0)
+    assert algorithm.applied == 40 and algorithm.no_load == pytest.approx(0.01)
+    now, spike = rounds(algorithm, lambda now, limit: 0.025, now + 0.001, now)
+    assert spike == [20]  # cut by half, to half the peak
+    _, after = rounds(algorithm, lambda now, limit: 0.01, now + 0.2, now)
+    assert min(after) == 20, after  # no probe at a quarter
+    assert algorithm.no_load == pytest.approx(0.01)
+
+
 def test_the_gradient_does_not_grow_a_limit_the_traffic_does_not_use() -> None:
     algorithm = Gradient(AdaptiveLimit(initial_limit=20), random.Random(6))
     now = 0.0

@@ -58,16 +58,32 @@ def test_goodput_stays_near_the_best_static_limit(
         assert v["goodput_after_5s_share"] >= 0.9, v
 
 
+def test_the_climb_after_the_capacity_rose_is_quick(
+    verdicts: list[list[dict[str, Any]]],
+) -> None:
+    """Phase 3 (4 -> 24 workers): in band after 1.9 s on average over the seeds, and over
+    the whole phase, the climb included, at least 88% of the best static limit's goodput
+    on average (83% in each).  The previous release, over seeds 1-3 (quiet, loaded): in
+    band after 2.18 and 2.07 s, 0.879 and 0.868 of the goodput (one slot a window near
+    the last queue, growth by 1.3 only on quiet windows, ``no_load`` biased low)."""
+    runs = [run[2] for run in verdicts]
+    for v in runs:
+        assert v["first_in_band_s"] is not None, v
+        assert v["goodput_share"] >= 0.83, v
+    assert statistics.mean(v["first_in_band_s"] for v in runs) < 1.9, runs
+    assert statistics.mean(v["goodput_share"] for v in runs) >= 0.88, runs
+
+
 @pytest.mark.parametrize("phase", [1, 3])
 def test_p99_stays_near_the_service_time_once_settled(
     verdicts: list[list[dict[str, Any]]], phase: int
 ) -> None:
-    """From 5 s in, p99 at most 1.7x the service time (1.5x is the issue's target; our own
+    """From 5 s in, p99 at most 1.6x the service time (1.5x is the issue's target; our own
     modelled noise alone puts a queue-free p99 near 1.3x), where the too-high static limit's
     is 2.8x and more."""
     for run in verdicts:
         v = run[phase - 1]
-        assert v["p99_after_5s_x"] <= 1.7, v
+        assert v["p99_after_5s_x"] <= 1.6, v
         assert v["too_high_p99_x"] > 2.8, v
 
 
