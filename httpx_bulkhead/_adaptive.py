@@ -41,17 +41,17 @@ limit is to sit just above ``L*``: every worker busy, a queue of a slot or two.
   of the aimed cut would keep for good.  A cut records the limit it cut from (the
   *ceiling*) and starts a hold.
 - Otherwise, when the limit is in use (its peak at least half, else no evidence: no
-  change) and *used* (the slots in use, averaged over the window, at least ``IN_USE``
-  of it: an open-loop load just above the capacity fills a higher limit only at its
-  peaks), after ``HOLD`` windows since the last cut the limit grows:
+  change), after ``HOLD`` windows since the last cut the limit grows:
 
   - *beyond* the ceiling (``ESCAPE`` times it and two slots more: the capacity grew past
-    where the queue was) and *quiet* (``ratio < 1 + (tolerance - 1) * QUIET``): by
-    ``GROWTH`` (1.5; also before the first cut, whose ceiling is 0);
-  - beyond but not quiet (our own noise, or a queue starting), or quiet near the
-    ceiling: by one slot (a multiplicative step near the last queue overshoots into
-    the queue it just left; growth only on quiet windows there keeps the limit from
-    drifting into a queue of a slot).
+    where the queue was), *quiet* (``ratio < 1 + (tolerance - 1) * QUIET``) and *used*
+    (the slots in use, averaged over the window, at least ``IN_USE`` of it: an open-loop
+    load just above the capacity fills a higher limit only at its peaks): by ``GROWTH``
+    (1.5; also before the first cut, whose ceiling is 0);
+  - beyond and used but not quiet (our own noise, or a queue starting), or quiet
+    (near the ceiling, or not used): by one slot (a multiplicative step near the last
+    queue overshoots into the queue it just left; growth only on quiet windows there
+    keeps the limit from drifting into a queue of a slot).
 
   This is what the climb after the capacity rose needs: 4 -> 24 slots (in band) in about 1.5 s
   in the model (2.1 s before), each step a window of about two round trips, with one
@@ -81,8 +81,8 @@ new ``no_load``, then restores the limit.  Probes run first (no estimate yet: at
 once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe in two
 windows in a row over the tolerance (at a quarter of the limit the second window
 measured, and below the concurrency its queue implies; one window alone can be a stall
-of our own process, whose probe would re-measure nothing and cost a second of the
-capacity, as one did in the real lab at 40.5 s), and after
+of our own process, whose probe would re-measure nothing and cost up to a second of
+the capacity: likely the real lab's probe at 40.5 s), and after
 ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
 good: the old ``no_load`` is obsolete), as Envoy does.
 
