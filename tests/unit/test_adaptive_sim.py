@@ -74,6 +74,19 @@ def test_the_climb_after_the_capacity_rose_is_quick(
     assert statistics.mean(v["goodput_share"] for v in runs) >= 0.88, runs
 
 
+def test_at_a_small_capacity_the_limit_rarely_queues_a_slot(
+    verdicts: list[list[dict[str, Any]]],
+) -> None:
+    """Phase 2 (4 workers) from 5 s in: p99 at most 1.76x the service time on average over
+    the seeds (the issue's 1.5x is out of reach: a window at 5 slots, a queue of one, is
+    the only way to learn that the capacity rose, see the module docstring).  The previous
+    release: 1.79x and 1.84x over seeds 1-3 (quiet, loaded); loaded, seeds 1-12, 40% of
+    the requests ran under a limit of 5 and 9% under 6 (now 36% and 4%): a cut aimed at
+    tolerance x 1.05 rounded back to 5, and growth went on in windows not quiet."""
+    runs = [run[1] for run in verdicts]
+    assert statistics.mean(v["p99_after_5s_x"] for v in runs) <= 1.76, runs
+
+
 @pytest.mark.parametrize("phase", [1, 3])
 def test_p99_stays_near_the_service_time_once_settled(
     verdicts: list[list[dict[str, Any]]], phase: int
