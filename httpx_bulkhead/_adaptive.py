@@ -34,35 +34,55 @@ limit is to sit just above ``L*``: every worker busy, a queue of a slot or two.
 
 - ``ratio > tolerance`` (default 1.1): a queue.  The limit is cut to
   ``applied * tolerance * CUT_AIM / ratio``: ``L*`` plus the queue the tolerance allows
-  (and at most by half per window, ``MIN_GRADIENT``; never up).  A cut starts a hold.
+  (and at most by half per window, ``MIN_GRADIENT``; never up); a window just above the
+  tolerance is noise as often as a queue and barely moves it.  The second such window in
+  a row since the last cut takes at least one slot: at a small capacity one slot of
+  queue is 25% of latency (N=4) yet reads as a ratio of about 1.12, which the rounding
+  of the aimed cut would keep for good.  A cut records the limit it cut from (the
+  *ceiling*) and starts a hold.
 - Otherwise, when the limit is in use (its peak at least half, else no evidence: no
-  change): after a cut the limit stays ``HOLD`` windows, then grows one slot a window
-  for ``STEPS`` windows (near the last queue, one slot at a time: a multiplicative step
-  there overshoots into the queue it just left), then by ``GROWTH`` a window while the
-  window is *quiet* (``ratio < 1 + (tolerance - 1) * QUIET``) and the limit is *used*
-  (the slots in use, averaged over the window, at least ``IN_USE`` of it: an open-loop
-  load just above the capacity fills a higher limit only at its peaks, and the queue
-  it builds shows a window late).  A quiet, used window at ``ESCAPE`` times the limit
-  of the last cut or more ends the wait at once: the capacity grew past where the queue
-  was (this is what the climb after the capacity rose needs).  Before the first cut the
-  growth is by ``GROWTH`` from the start.
+  change), after ``HOLD`` windows since the last cut the limit grows:
+
+  - *beyond* the ceiling (``ESCAPE`` times it and two slots more: the capacity grew past
+    where the queue was), *quiet* (``ratio < 1 + (tolerance - 1) * QUIET``) and *used*
+    (the slots in use, averaged over the window, at least ``IN_USE`` of it: an open-loop
+    load just above the capacity fills a higher limit only at its peaks): by ``GROWTH``
+    (1.5; also before the first cut, whose ceiling is 0);
+  - beyond and used but not quiet (our own noise, or a queue starting), or quiet
+    (near the ceiling, or not used): by one slot (a multiplicative step near the last
+    queue overshoots into the queue it just left; growth only on quiet windows there
+    keeps the limit from drifting into a queue of a slot).
+
+  This is what the climb after the capacity rose needs: 4 -> 24 slots (in band) in about 1.5 s
+  in the model (2.1 s before), each step a window of about two round trips, with one
+  window of overshoot (at most ``GROWTH``) cut back at its end.
 
 So the limit saws between about ``L*`` and ``tolerance * L*`` (the first version settled near
 ``tolerance * N``, and a median of a window that had started under a higher
-limit let a queue build before it was seen).  ``benchmarks/adaptive_sim.py`` models the
+limit let a queue build before it was seen).  At a small capacity it cannot sit at ``L*``
+for good: a window at ``L* + 1`` is the only way to learn that the capacity rose, and
+testing it less often delays the climb by as much (in the model, doubling the hold
+after each failed test, up to 16 windows, brought phase 2's p99 from 5 s in to 1.50x and
+1.65x of the service time, quiet and loaded, instead of 1.7x and 1.8x, and phase 3's
+goodput to 0.77 and 0.70 of the best static limit's).  ``benchmarks/adaptive_sim.py`` models the
 lab event by event, and ``tests/unit/test_adaptive_sim.py`` checks these choices there.
 A window with a drop also multiplies the limit by ``backoff``.
 
-``no_load`` is measured by *probes*, and moves halfway down to a window median more
-than ``DESCENT`` (5%) below it (a dependency that became faster); closer medians are
-noise, and following each would sink the estimate to the lowest of many, a few percent
-under the truth, which then reads as a standing queue.  A probe drops the limit to
+``no_load`` is measured by *probes*, and moves halfway down when two window medians in a
+row are more than ``DESCENT`` (5%) below it (to the higher of the two: a dependency that
+became faster); closer medians, or one alone, are noise, and following them would sink
+the estimate to the lowest of many, a few percent under the truth, which then reads as a
+standing queue and stalls the growth.  A probe drops the limit to
 ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``4 * limit``
 exchanges (within ``[FIRST_PROBE_SAMPLES, PROBE_SAMPLES]``), whose median becomes the
 new ``no_load``, then restores the limit.  Probes run first (no estimate yet: at
 ``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be), every
 ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe at
-once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe, and after
+once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe in two
+windows in a row over the tolerance (at a quarter of the limit the second window
+measured, and below the concurrency its queue implies; one window alone can be a stall
+of our own process, whose probe would re-measure nothing and cost up to a second of
+the capacity: likely the real lab's probe at 40.5 s), and after
 ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
 good: the old ``no_load`` is obsolete), as Envoy does.
 
@@ -143,23 +163,22 @@ DESCENT = 0.05
 #: A cut aims at a latency of ``tolerance * CUT_AIM`` times the no-load latency: a window
 #: just above the tolerance is noise as often as a queue, so it stops the growth (and
 #: starts ``HOLD``) but barely moves the limit.
-CUT_AIM = 1.05
+CUT_AIM = 1.02
 #: Largest cut of one window (the limit falls at most by half per window).
 MIN_GRADIENT = 0.5
 #: After a cut, windows that leave the limit where it is before it grows again.
 HOLD = 2
-#: Then, windows that grow it by one slot each before it may grow by ``GROWTH``.
-STEPS = 3
-#: Growth of one window while the latency shows no queue and the limit is in use.
-GROWTH = 1.3
+#: Growth of one quiet window past the last queue (a window of overshoot costs at most
+#: this factor in latency, cut back at its end).
+GROWTH = 1.5
 #: The latency shows no queue while below ``no_load * (1 + (tolerance - 1) * QUIET)``.
 QUIET = 0.5
 #: The limit is in use when the slots in use, averaged over a window's samples, reach
 #: this share of it (an open-loop load a little above the capacity fills a limit above
 #: the capacity only now and then: its peak alone proves nothing).
-IN_USE = 0.95
-#: A quiet window at ``ESCAPE`` times the limit of the last cut or more: the capacity has
-#: grown past where the queue was, and the limit may grow by ``GROWTH`` at once.
+IN_USE = 0.9
+#: A limit at ``ESCAPE`` times the limit of the last cut and two slots more is past where
+#: the queue was: the capacity has grown, and a quiet window grows it by ``GROWTH``.
 ESCAPE = 1.1
 #: Changes of the applied limit kept for ``statistics().limit_history``.
 HISTORY = 256
@@ -279,17 +298,20 @@ class Gradient:
 
     __slots__ = (
         "_at_min",
+        "_below",
         "_calm",
         "_ceiling",
         "_drops",
         "_inflight",
         "_next_probe",
         "_opened",
+        "_over",
         "_peak",
         "_probing",
         "_rng",
         "_samples",
         "_saved",
+        "_streak",
         "_used",
         "limit",
         "no_load",
@@ -308,9 +330,12 @@ class Gradient:
         self._used = 0  # sum of the slots in use at each sample of the window
         self._opened = -math.inf  # samples of exchanges that started earlier are ignored
         self._at_min = 0
+        self._below: float | None = None  # a window median well below no_load, if the last
         self._calm = 0  # windows since the last cut
         self._peak = 0  # the highest limit since the last probe
         self._ceiling = 0  # the limit at the last cut
+        self._over = 0  # windows in a row above the tolerance since the last cut
+        self._streak = 0  # windows in a row above the tolerance
         self._saved = self.limit
         self._probing = False
         self._next_probe = math.inf
@@ -358,25 +383,28 @@ class Gradient:
             return
         spec = self.spec
         if median is not None and self.no_load is not None and median > 0:
-            if median < self.no_load * (1 - DESCENT):  # halfway: the minimum would sink
-                self.no_load = (self.no_load + median) / 2
+            if median >= self.no_load * (1 - DESCENT):
+                self._below = None
+            elif self._below is None:  # once may be noise
+                self._below = median
+            else:  # twice in a row: halfway to the higher one (the minimum would sink)
+                self.no_load = (self.no_load + max(median, self._below)) / 2
+                self._below = None
             ratio = median / self.no_load
             if ratio > spec.tolerance:  # a queue: cut to the concurrency it implies
-                self._calm = 0
-                self._ceiling = self.applied
-                cut = self.applied * spec.tolerance * CUT_AIM / ratio
+                self._over += 1
+                self._streak += 1
+                cut = before * spec.tolerance * CUT_AIM / ratio
+                if self._over >= 2:  # twice in a row since the last cut: not noise
+                    cut = min(cut, before - 1.0)
                 self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
-            elif inflight * 2 < self.applied:
-                pass  # the traffic does not use the limit: no evidence to grow
+                if self.applied < before:
+                    self._calm = self._over = 0
+                    self._ceiling = before
             else:
-                self._calm += 1
-                quiet = ratio < 1 + (spec.tolerance - 1) * QUIET and used >= IN_USE * before
-                if quiet and before >= self._ceiling * ESCAPE:
-                    self._calm = max(self._calm, HOLD + STEPS + 1)  # the capacity grew
-                if quiet and self._calm > HOLD + STEPS:
-                    self.limit = max(self.limit * GROWTH, before + 1.0)
-                elif self._calm > HOLD:  # one slot at a time near the last queue
-                    self.limit = before + 1.0
+                self._streak = self._over = 0
+                if inflight * 2 >= before:  # (else the limit is not used: no evidence)
+                    self._grow(before, ratio, used)
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
@@ -385,9 +413,30 @@ class Gradient:
         self._at_min = self._at_min + 1 if self.applied == spec.min_limit else 0
         stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
         self._peak = max(self._peak, self.applied)
-        stale = stale or self.applied <= self._peak * FALL_TO_PROBE
-        if stale or self.no_load is None:
+        # A fall to half the peak over two windows in a row (one window's latency can be
+        # a stall of our own process: a probe then would measure nothing new).
+        fell = self.applied <= self._peak * FALL_TO_PROBE and self._streak >= 2
+        if fell and median and self.no_load:
+            # At a quarter of the limit that showed the queue (the limit before this cut),
+            # and below the concurrency that queue implies.
+            implied = before * self.no_load / median
+            self._start_probe(now, math.floor(min(before * PROBE_FRACTION, implied * 0.75)))
+        elif stale or self.no_load is None:
             self._start_probe(now)
+
+    def _grow(self, before: int, ratio: float, in_use: float) -> None:
+        """A window without a queue, of a limit in use (see the module docstring)."""
+        self._calm += 1
+        quiet = ratio < 1 + (self.spec.tolerance - 1) * QUIET
+        # Past where the last queue was (by two slots at least: one could be noise).
+        beyond = before >= max(self._ceiling * ESCAPE, self._ceiling + 2)
+        if self._calm <= HOLD:
+            return
+        used = in_use >= IN_USE * before
+        if quiet and beyond and used:
+            self.limit = max(self.limit * GROWTH, before + 1.0)
+        elif quiet or (beyond and used):  # near the last queue, or not quiet: one slot
+            self.limit = before + 1.0
 
     def _start_probe(self, now: float, limit: float | None = None) -> None:
         self._at_min = self._peak = 0

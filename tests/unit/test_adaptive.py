@@ -203,6 +203,37 @@ def test_a_dependency_slower_for_good_starts_a_probe() -> None:
     assert trace[-1] == spec.max_limit
 
 
+def test_a_queue_of_one_slot_at_a_small_capacity_is_cut() -> None:
+    """4 workers: one slot of queue reads as a latency 1.12x the no-load one (the lab
+    model's median), just above the tolerance, where the cut the ratio aims at rounds
+    back to the same limit; two such windows in a row take the slot, so the limit spends
+    most of its time at 4, not at 5 (the previous release stayed at 5 for good)."""
+    algorithm = Gradient(AdaptiveLimit(initial_limit=4, probe_interval=None), random.Random(9))
+
+    def latency(now: float, limit: int) -> float:
+        return 0.1 * (1 + 0.12 * max(0, limit - 4))
+
+    _, trace = rounds(algorithm, latency, 60.0)
+    settled = trace[-200:]
+    assert max(settled) <= 6, settled
+    assert settled.count(4) > settled.count(5) + settled.count(6), settled
+
+
+def test_one_slow_window_does_not_start_a_probe() -> None:
+    """One round 2.5x slower (a stall of our own process, as the real lab's at 40.5 s)
+    halves the limit, to half its peak; that alone does not start a probe (which would drop
+    the limit to a quarter of that and re-measure nothing new): the next round is quiet."""
+    spec = AdaptiveLimit(initial_limit=40, max_limit=40, probe_interval=None)
+    algorithm = Gradient(spec, random.Random(8))
+    now, _ = rounds(algorithm, lambda now, limit: 0.01, 1.0)
+    assert algorithm.applied == 40 and algorithm.no_load == pytest.approx(0.01)
+    now, spike = rounds(algorithm, lambda now, limit: 0.025, now + 0.001, now)
+    assert spike == [20]  # cut by half, to half the peak
+    _, after = rounds(algorithm, lambda now, limit: 0.01, now + 0.2, now)
+    assert min(after) == 20, after  # no probe at a quarter
+    assert algorithm.no_load == pytest.approx(0.01)
+
+
 def test_the_gradient_does_not_grow_a_limit_the_traffic_does_not_use() -> None:
     algorithm = Gradient(AdaptiveLimit(initial_limit=20), random.Random(6))
     now = 0.0

@@ -58,16 +58,45 @@ def test_goodput_stays_near_the_best_static_limit(
         assert v["goodput_after_5s_share"] >= 0.9, v
 
 
+def test_the_climb_after_the_capacity_rose_is_quick(
+    verdicts: list[list[dict[str, Any]]],
+) -> None:
+    """Phase 3 (4 -> 24 workers): in band after 1.9 s on average over the seeds, and over
+    the whole phase, the climb included, at least 88% of the best static limit's goodput
+    on average (83% in each).  The previous release, over seeds 1-3 (quiet, loaded): in
+    band after 2.18 and 2.07 s, 0.879 and 0.868 of the goodput (one slot a window near
+    the last queue, growth by 1.3 only on quiet windows, ``no_load`` biased low)."""
+    runs = [run[2] for run in verdicts]
+    for v in runs:
+        assert v["first_in_band_s"] is not None, v
+        assert v["goodput_share"] >= 0.83, v
+    assert statistics.mean(v["first_in_band_s"] for v in runs) < 1.9, runs
+    assert statistics.mean(v["goodput_share"] for v in runs) >= 0.88, runs
+
+
+def test_at_a_small_capacity_the_limit_rarely_queues_a_slot(
+    verdicts: list[list[dict[str, Any]]],
+) -> None:
+    """Phase 2 (4 workers) from 5 s in: p99 at most 1.76x the service time on average over
+    the seeds (the issue's 1.5x is out of reach: a window at 5 slots, a queue of one, is
+    the only way to learn that the capacity rose, see the module docstring).  The previous
+    release: 1.79x and 1.84x over seeds 1-3 (quiet, loaded); loaded, seeds 1-12, 40% of
+    the requests ran under a limit of 5 and 9% under 6 (now 36% and 4%): a cut aimed at
+    tolerance x 1.05 rounded back to 5, and growth went on in windows not quiet."""
+    runs = [run[1] for run in verdicts]
+    assert statistics.mean(v["p99_after_5s_x"] for v in runs) <= 1.76, runs
+
+
 @pytest.mark.parametrize("phase", [1, 3])
 def test_p99_stays_near_the_service_time_once_settled(
     verdicts: list[list[dict[str, Any]]], phase: int
 ) -> None:
-    """From 5 s in, p99 at most 1.7x the service time (1.5x is the issue's target; our own
+    """From 5 s in, p99 at most 1.6x the service time (1.5x is the issue's target; our own
     modelled noise alone puts a queue-free p99 near 1.3x), where the too-high static limit's
     is 2.8x and more."""
     for run in verdicts:
         v = run[phase - 1]
-        assert v["p99_after_5s_x"] <= 1.7, v
+        assert v["p99_after_5s_x"] <= 1.6, v
         assert v["too_high_p99_x"] > 2.8, v
 
 
