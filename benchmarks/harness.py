@@ -64,6 +64,7 @@ from benchmarks.contestants import (
     AiohttpDriver,
     HttptoolsFloorDriver,
     aiohttp_transport,
+    floor_headers,
 )
 from httpx_bulkhead import BulkheadTransport, Policy
 from httpx_bulkhead._http2 import H2_CONFIG
@@ -474,13 +475,7 @@ class H11FloorDriver:
         parsed = httpx.URL(url)
         self._host, self._port = parsed.host, parsed.port or 80
         self._target = parsed.raw_path
-        self._headers = [
-            (b"host", f"{self._host}:{self._port}".encode()),
-            (b"accept", b"*/*"),
-            (b"accept-encoding", b"gzip, deflate"),
-            (b"connection", b"keep-alive"),
-            (b"user-agent", f"python-httpx/{httpx.__version__}".encode()),
-        ]
+        self._headers = floor_headers(self._host, self._port)
         self._concurrency = concurrency
         self._conns: list[_H11Connection] = []
 

@@ -344,7 +344,7 @@ class Gradient:
     @property
     def applied(self) -> int:
         """The limit to apply: the state rounded down, within ``[min_limit, max_limit]``."""
-        return min(self.spec.max_limit, max(self.spec.min_limit, int(self.limit)))
+        return _applied(self.spec, self.limit)
 
     def update(
         self, now: float, started: float, latency: float, dropped: bool, inflight: int
@@ -468,7 +468,7 @@ class AIMD:
 
     @property
     def applied(self) -> int:
-        return min(self.spec.max_limit, max(self.spec.min_limit, int(self.limit)))
+        return _applied(self.spec, self.limit)
 
     def update(
         self, now: float, started: float, latency: float, dropped: bool, inflight: int
@@ -481,6 +481,11 @@ class AIMD:
         elif inflight * 2 >= self.applied:
             self.limit = min(float(spec.max_limit), self.limit + 1 / self.limit)
         return self.applied
+
+
+def _applied(spec: AdaptiveLimit, limit: float) -> int:
+    """The float state rounded down, within ``[min_limit, max_limit]`` (both algorithms)."""
+    return min(spec.max_limit, max(spec.min_limit, int(limit)))
 
 
 def make_algorithm(spec: AdaptiveLimit, rng: random.Random | None = None) -> Gradient | AIMD:
