@@ -8,8 +8,10 @@ exception raised in threads (``PyThreadState_SetAsyncExc``) mid-handshake.
 After each: every thread ends in the matching httpx error within its deadline (no thread
 hangs), the counters agree (``statistics()``), nothing is pooled or proxied, no
 descriptor is left open, and the next request through a good proxy succeeds.  The
-proxy's credentials appear in no message.  ``BULKHEAD_ADVERSARY_SYNC_PROXY_SEED`` picks
-another seed for the SOCKS5 cut points.
+proxy's credentials appear in no message, repr or log record.  ``close()`` returns at once
+and does not abort handshakes in flight (they end at the connect timeout, or complete and
+are closed, not pooled).  ``BULKHEAD_ADVERSARY_SYNC_PROXY_SEED`` picks another seed for the
+SOCKS5 cut points, ``BULKHEAD_ADVERSARY_SYNC_PROXY_THREADS`` (default 16) the thread count.
 """
 
 from __future__ import annotations
