@@ -53,6 +53,8 @@ __all__ = [
 MAX_CONNECT_HEAD = 64 * 1024
 #: Most bytes ``run_handshake`` asks of the stream at once.
 HANDSHAKE_READ = 65536
+#: Most characters of a proxy's (escaped) reason phrase shown in ``ProxyError``.
+REASON_SHOWN = 200
 
 
 class Handshake(Protocol):
@@ -145,8 +147,12 @@ class ConnectHandshake:
 
     def _answered(self, event: h11.Response) -> bool:
         self.status = event.status_code
-        # The proxy's own bytes: control characters escaped (they reach logs and terminals).
-        self.reason = event.reason.decode("latin-1").encode("unicode_escape").decode("ascii")
+        # The proxy's own bytes: control characters escaped (they reach logs and terminals),
+        # and cut to REASON_SHOWN characters (a hostile proxy's reason can be 100 kB).
+        reason = event.reason.decode("latin-1").encode("unicode_escape").decode("ascii")
+        if len(reason) > REASON_SHOWN:
+            reason = reason[:REASON_SHOWN] + "..."
+        self.reason = reason
         if not 200 <= self.status < 300:
             raise httpx.ProxyError(
                 f"proxy {self._proxy} refused the tunnel to {self._authority}:"

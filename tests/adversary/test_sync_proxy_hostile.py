@@ -196,12 +196,6 @@ def test_sixteen_threads_through_a_hostile_http_proxy(
         assert PASSWORD not in record.getMessage() and secret not in record.getMessage()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review4 defect: a proxy's reason phrase goes into ProxyError unbounded (a 100 kB"
-    " reason of 0xff bytes gives a 400 kB message, escaped 4x; up to ~2x MAX_CONNECT_HEAD"
-    " is accepted when it arrives complete)",
-)
 def test_a_huge_reason_phrase_gives_a_bounded_message(fds: None) -> None:
     fault = Send(b"HTTP/1.1 502 " + b"\xff" * 100_000 + b"\r\n\r\n", "hang")
     with FaultProxy(on_connect(fault)) as hostile:
