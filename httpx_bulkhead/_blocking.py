@@ -54,6 +54,10 @@ __all__ = [
 TraceFn = Any  # Callable[[str, dict[str, Any]], None]: a sync trace callback
 
 _RECV = 65536
+
+#: What a read or write cut by ``close()`` (another thread's, or the transport's) says.
+_CLOSED = "connection was closed"
+
 #: The connect timeout for "no limit" (``create_connection`` needs a number to stay out
 #: of blocking mode).
 _FOREVER = 7 * 24 * 3600.0
@@ -108,9 +112,16 @@ class SocketStream:
         deadline = None if limit is None else time.monotonic() + limit
         while True:
             try:
-                return sock.recv(max_bytes)
+                data = sock.recv(max_bytes)
             except BlockingIOError:
                 self._poll(select.POLLIN, deadline)
+                continue
+            except OSError:
+                self._raise_if_closed()
+                raise
+            if not data:
+                self._raise_if_closed()  # woken by our own shutdown, not the peer's end
+            return data
 
     def _poll(self, events: int, deadline: float | None) -> None:
         """Wait until the socket is ready for ``events``; ``TimeoutError`` at ``deadline``."""
@@ -119,7 +130,7 @@ class SocketStream:
             raise TimeoutError
         fd = self._sock.fileno()
         if fd < 0:
-            raise ConnectionAbortedError("the connection was closed")
+            raise ConnectionAbortedError(_CLOSED)
         poller = select.poll()
         poller.register(fd, events)
         if not poller.poll(wait):
@@ -163,6 +174,15 @@ class SocketStream:
                 view = view[sock.send(view) :]
             except BlockingIOError:
                 self._poll(select.POLLOUT, deadline)
+            except OSError:
+                self._raise_if_closed()
+                raise
+
+    def _raise_if_closed(self) -> None:
+        """A read or write that failed (or saw the end) because ``close()`` cut the socket
+        says so, instead of the errno of a descriptor that is gone or a peer's end."""
+        if self._closed:
+            raise ConnectionAbortedError(_CLOSED) from None
 
     def _send_tls(self, data: bytes, timeout: float | None, pending: bytes) -> None:
         """Encrypt ``data`` and send it after ``pending`` (already encrypted), in order."""
