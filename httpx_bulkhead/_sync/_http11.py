@@ -157,11 +157,16 @@ class HTTP11Connection:
             except LocalCodecError as exc:
                 raise httpx.LocalProtocolError(str(exc), request=request) from exc
             self._write(data, request, timeouts)
+            # Nothing was read in this exchange and the codec starts each one empty (a
+            # connection is reused only with no byte after its last response): the head
+            # cannot be there yet, so read before asking the codec (h11's ``next_event`` on
+            # an empty buffer runs its whole reader for nothing).
+            head = self._read_head(request, timeouts, empty=True)
         else:
             early = self._send_streaming(method, target, headers, request, timeouts, tracer)
-        if tracer is not None:
-            tracer.started("receive_response_headers", {"request": request})
-        head = early or self._read_head(request, timeouts)
+            if tracer is not None:
+                tracer.started("receive_response_headers", {"request": request})
+            head = early or self._read_head(request, timeouts)
         self.keep_alive = _keep_alive_timeout(head.headers)
         if tracer is not None:
             version = b"HTTP/" + head.http_version
@@ -285,7 +290,13 @@ class HTTP11Connection:
                     return event
         return None
 
-    def _read_head(self, request: httpx.Request, timeouts: Timeouts) -> Head:
+    def _read_head(
+        self, request: httpx.Request, timeouts: Timeouts, *, empty: bool = False
+    ) -> Head:
+        """The response head (1xx skipped).  ``empty``: the codec holds no response byte
+        yet, so the first step is a read."""
+        if empty:
+            self._receive(request, timeouts, head=True)
         while True:
             event = self._next_event(request)
             if event is NEED_DATA:
