@@ -168,12 +168,12 @@ class HTTP11Connection:
                 tracer.started("receive_response_headers", {"request": request})
             head = early or self._read_head(request, timeouts)
         self.keep_alive = _keep_alive_timeout(head.headers)
+        version = _VERSIONS.get(head.http_version) or b"HTTP/" + head.http_version
         if tracer is not None:
-            version = b"HTTP/" + head.http_version
             tracer.complete(
                 "receive_response_headers", (version, head.status, head.reason, head.headers)
             )
-        return ResponseHead(head.status, head.headers, b"HTTP/" + head.http_version, head.reason)
+        return ResponseHead(head.status, head.headers, version, head.reason)
 
     def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
         """The next chunk of the response body; ``None`` once the body is complete."""
@@ -382,12 +382,33 @@ def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
     """The ``timeout=`` parameter of a ``Keep-Alive`` response header, in seconds."""
     for name, value in headers:
         if len(name) == 10 and name.lower() == b"keep-alive":  # (most names: length only)
-            for part in value.split(b","):
-                key, _, number = part.strip().partition(b"=")
-                if key.strip().lower() == b"timeout":
-                    try:
-                        seconds = float(number.strip())
-                    except ValueError:
-                        return None
-                    return seconds if seconds >= 0 else None
+            # A server sends the same value on every response: parsed once (a bounded cache).
+            try:
+                return _KEEP_ALIVE_PARSED[value]
+            except KeyError:
+                pass
+            if len(_KEEP_ALIVE_PARSED) >= _KEEP_ALIVE_CACHE:
+                _KEEP_ALIVE_PARSED.clear()
+            seconds = _KEEP_ALIVE_PARSED[value] = _parse_keep_alive(value)
+            return seconds
     return None
+
+
+def _parse_keep_alive(value: bytes) -> float | None:
+    for part in value.split(b","):
+        key, _, number = part.strip().partition(b"=")
+        if key.strip().lower() == b"timeout":
+            try:
+                seconds = float(number.strip())
+            except ValueError:
+                return None
+            return seconds if seconds >= 0 else None
+    return None
+
+
+#: ``Keep-Alive`` values already parsed (few distinct ones: one or two per server), bounded.
+_KEEP_ALIVE_PARSED: dict[bytes, float | None] = {}
+_KEEP_ALIVE_CACHE = 64
+#: ``ResponseHead.http_version`` for the versions a codec reports, without a new bytes
+#: object per response.
+_VERSIONS = {b"1.1": b"HTTP/1.1", b"1.0": b"HTTP/1.0"}
