@@ -22,6 +22,9 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
 * ``h2-floor``: h2 driven over a bare asyncio ``Protocol``, one h2c connection for all
   workers, streams multiplexed, output written once per read; no pool, no limits, h2
   configured as BulkheadTransport configures it: the least an h2-based client can do.
+* ``h11-floor+models`` and ``httptools-floor+models`` (``models_floor.py``): each floor's
+  Protocol behind ``handle_async_request``, taking the ``httpx.Request`` and returning an
+  ``httpx.Response``: what httpx's transport contract costs any transport, without ours.
 * Drivers run one request each: through ``httpx.AsyncClient`` (``level="client"``) or by
   calling ``transport.handle_async_request`` directly (``level="transport"``).
 
@@ -66,6 +69,7 @@ from benchmarks.contestants import (
     aiohttp_transport,
     floor_headers,
 )
+from benchmarks.models_floor import MODELS_FLOORS, floor_models_transport
 from httpx_bulkhead import BulkheadTransport, Policy
 from httpx_bulkhead._http2 import H2_CONFIG
 from httpx_bulkhead._load import CallRecord, percentile, saturate, steady_calls
@@ -632,6 +636,8 @@ async def make_driver(
         transport = bulkhead_transport(concurrency, http2=True)
     elif contestant == HTTPX_AIOHTTP:
         transport = aiohttp_transport(concurrency if len(urls) == 1 else None, IDLE_SECONDS)
+    elif contestant in MODELS_FLOORS:
+        transport = await floor_models_transport(contestant, urls, concurrency)
     else:
         raise ValueError(f"unknown contestant {contestant!r}")
     if level == "client":

@@ -68,6 +68,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import httpx
 
 from benchmarks import harness as h
+from benchmarks import models_floor as mf
 from benchmarks import targets as tg
 from benchmarks.contestants import available
 from httpx_bulkhead import BulkheadTransport, Policy
@@ -195,6 +196,7 @@ async def _overhead_case(
                 (h.HTTPTOOLS, h.BULKHEAD),
                 (h.H2_BULKHEAD, h.BULKHEAD),
                 *tg.PAIRS,
+                *mf.pairs(),
                 (h.H2_BULKHEAD, h.H2_FLOOR),
             ],
         ),
@@ -206,6 +208,7 @@ async def _overhead_case(
 # -- suites ---------------------------------------------------------------------------------
 async def overhead(server: h.NodeServer, plan: Plan) -> list[dict[str, Any]]:
     names = [*h.CONTESTANTS, *(n for n in h.MORE_CONTESTANTS if available(n))]
+    names += [n for n in mf.MODELS_FLOORS if mf.models_available(n)]
     entries = [Entry(name, server, i) for i, name in enumerate(names)]
     rows = []
     for level in ("client", "transport"):
@@ -862,11 +865,19 @@ def markdown(results: dict[str, Any]) -> str:
             " transport level: its rows are the whole session both times):",
             "",
             tg.contestants_table(results["overhead"]),
+            "",
+            "What is ours: the parsers' floors called as a transport is (`models_floor.py`:"
+            " the floor's Protocol behind `handle_async_request`, taking the `httpx.Request`"
+            " and returning an `httpx.Response`), same rounds. `transport / (floor+models)` is"
+            " our share; the issue's targets stay against the bare floors:",
+            "",
+            mf.models_table(results["overhead"]),
         ]
     if "uvloop" in results:
         parts += ["", "## Overhead under uvloop (the same rows, uvloop's event loop)", ""]
         parts += _earlier(results, "uvloop")
         parts += [overhead_table(results["uvloop"]), "", tg.contestants_table(results["uvloop"])]
+        parts += ["", mf.models_table(results["uvloop"])]
     if "overhead" in results or "uvloop" in results:
         loops = [(name, results[key]) for key, name in
                  (("overhead", "asyncio"), ("uvloop", "uvloop")) if key in results]  # fmt: skip

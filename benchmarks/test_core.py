@@ -18,6 +18,8 @@ same machine.  What each measures:
   await; the contended one wakes a task).
 - ``pool``: a warm connection checked out and released, with 1 and with 1,000 origins in
   the compartment (the pool is O(1) in origins).
+- ``codec``: one keep-alive exchange through each HTTP/1.1 codec (h11, httptools): the
+  request encoded, a one-piece response parsed, reuse decided (``N / 10`` per round).
 - ``router``: a cached origin routed (by host, and by path prefix), and a new origin
   routed when the compartment table is full (eviction of one at rest).
 """
@@ -31,6 +33,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from httpx_bulkhead import Policy
+from httpx_bulkhead._codec import END, Head, make_codec
 from httpx_bulkhead._limiter import Limiter, Waiter
 from httpx_bulkhead._pool import DIAL, Pool, PoolEntry
 from httpx_bulkhead._routing import Router
@@ -167,3 +170,40 @@ def test_router_new_origins(benchmark: BenchmarkFixture) -> None:
 
     _run(benchmark, "router", body)
     assert len(router.compartments) == 1024
+
+
+#: A keep-alive response as Node's ``http`` sends it (what the overhead suite's server answers).
+_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nDate: Tue, 01 Dec 2026 06:00:00 GMT\r\n"
+    b"Connection: keep-alive\r\nKeep-Alive: timeout=60\r\nContent-Length: 2\r\n\r\nok"
+)
+_HEADERS = [(b"Host", b"127.0.0.1:8000"), (b"Accept", b"*/*"), (b"User-Agent", b"bench")]
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+def test_codec_exchange(benchmark: BenchmarkFixture, parser: str) -> None:
+    """One keep-alive exchange through a codec, as ``HTTP11Connection`` drives it: the
+    request encoded, the response fed in one piece, its events drained, reuse decided."""
+    if parser == "httptools":
+        pytest.importorskip("httptools")
+    codec = make_codec(parser, 65536)
+    events: list[object] = []
+
+    def body() -> None:
+        for _ in range(N // 10):
+            codec.request(b"GET", b"/", _HEADERS)
+            codec.end()
+            codec.feed(_RESPONSE)
+            events.clear()
+            while True:
+                event = codec.next_event()
+                events.append(event)
+                if event is END:
+                    break
+            if not codec.reuse():
+                raise AssertionError("the connection must stay reusable")
+
+    benchmark.extra_info["operations_per_round"] = N // 10
+    benchmark.group = "codec"
+    benchmark.pedantic(body, rounds=20, iterations=1, warmup_rounds=2)  # type: ignore[no-untyped-call]
+    assert type(events[0]) is Head and events[-2:] == [b"ok", END]

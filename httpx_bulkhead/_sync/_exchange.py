@@ -32,6 +32,7 @@ __all__ = [
     "Verdict",
     "body_chunks",
     "cut_verdict",
+    "io_failed",
     "is_disconnect",
     "next_connection_id",
     "run_io",
@@ -186,6 +187,11 @@ def _fail(
     if by_deadline and isinstance(exc, TimeoutError):
         raise timeouts.expired(_DOING[phase], request) from exc
     raise_mapped(exc, phase, request)
+
+
+#: ``_fail`` for callers that inline ``run_io`` on their hot path (HTTP/1.1): one await
+#: fewer per read and write.
+io_failed = _fail
 
 
 class Exchange(Protocol):

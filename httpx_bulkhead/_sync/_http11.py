@@ -37,8 +37,8 @@ from ._exchange import (
     Verdict,
     body_chunks,
     cut_verdict,
+    io_failed,
     next_connection_id,
-    run_io,
 )
 from .._proxy import forwarded_head
 from .._blocking import NetStream, NetworkStream
@@ -157,18 +157,23 @@ class HTTP11Connection:
             except LocalCodecError as exc:
                 raise httpx.LocalProtocolError(str(exc), request=request) from exc
             self._write(data, request, timeouts)
+            # Nothing was read in this exchange and the codec starts each one empty (a
+            # connection is reused only with no byte after its last response): the head
+            # cannot be there yet, so read before asking the codec (h11's ``next_event`` on
+            # an empty buffer runs its whole reader for nothing).
+            head = self._read_head(request, timeouts, empty=True)
         else:
             early = self._send_streaming(method, target, headers, request, timeouts, tracer)
-        if tracer is not None:
-            tracer.started("receive_response_headers", {"request": request})
-        head = early or self._read_head(request, timeouts)
+            if tracer is not None:
+                tracer.started("receive_response_headers", {"request": request})
+            head = early or self._read_head(request, timeouts)
         self.keep_alive = _keep_alive_timeout(head.headers)
+        version = _VERSIONS.get(head.http_version) or b"HTTP/" + head.http_version
         if tracer is not None:
-            version = b"HTTP/" + head.http_version
             tracer.complete(
                 "receive_response_headers", (version, head.status, head.reason, head.headers)
             )
-        return ResponseHead(head.status, head.headers, b"HTTP/" + head.http_version, head.reason)
+        return ResponseHead(head.status, head.headers, version, head.reason)
 
     def receive_body(self, request: httpx.Request, timeouts: Timeouts) -> bytes | None:
         """The next chunk of the response body; ``None`` once the body is complete."""
@@ -254,7 +259,12 @@ class HTTP11Connection:
     def _write(self, data: bytes, request: httpx.Request, timeouts: Timeouts) -> None:
         if not data:
             return
-        run_io(self._stream.send, data, "write", timeouts.write, request, timeouts)
+        # ``run_io`` inlined (one coroutine fewer per write): the same budget and mapping.
+        limit, by_deadline = timeouts.budget(timeouts.write)
+        try:
+            self._stream.send(data, limit)
+        except Exception as exc:
+            io_failed(exc, by_deadline, "write", request, timeouts)
         self.wrote_any = True
 
     def _send_body(self, request: httpx.Request, timeouts: Timeouts) -> None:
@@ -285,7 +295,13 @@ class HTTP11Connection:
                     return event
         return None
 
-    def _read_head(self, request: httpx.Request, timeouts: Timeouts) -> Head:
+    def _read_head(
+        self, request: httpx.Request, timeouts: Timeouts, *, empty: bool = False
+    ) -> Head:
+        """The response head (1xx skipped).  ``empty``: the codec holds no response byte
+        yet, so the first step is a read."""
+        if empty:
+            self._receive(request, timeouts, head=True)
         while True:
             event = self._next_event(request)
             if event is NEED_DATA:
@@ -324,7 +340,12 @@ class HTTP11Connection:
             # A codec may only limit an *incomplete* head; reading no more than one byte past
             # the limit makes every head longer than MAX_HEAD_SIZE incomplete when checked.
             size = max(1, min(READ_SIZE, MAX_HEAD_SIZE + 1 - self._head_bytes))
-        data = run_io(self._stream.receive, size, "read", timeouts.read, request, timeouts)
+        # ``run_io`` inlined (one coroutine fewer per read): the same budget and mapping.
+        limit, by_deadline = timeouts.budget(timeouts.read)
+        try:
+            data = self._stream.receive(size, limit)
+        except Exception as exc:
+            io_failed(exc, by_deadline, "read", request, timeouts)
         if data:
             self.received_any = True
             if head:
@@ -342,9 +363,10 @@ class HTTP11Connection:
 
 
 def _expects_continue(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(
-        name.lower() == b"expect" and value.lower() == b"100-continue" for name, value in headers
-    )
+    for name, value in headers:  # (a loop, lengths first: no generator, few lower())
+        if len(name) == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
+            return True
+    return False
 
 
 def _small_body(request: httpx.Request) -> bytes | None:
@@ -360,12 +382,33 @@ def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
     """The ``timeout=`` parameter of a ``Keep-Alive`` response header, in seconds."""
     for name, value in headers:
         if len(name) == 10 and name.lower() == b"keep-alive":  # (most names: length only)
-            for part in value.split(b","):
-                key, _, number = part.strip().partition(b"=")
-                if key.strip().lower() == b"timeout":
-                    try:
-                        seconds = float(number.strip())
-                    except ValueError:
-                        return None
-                    return seconds if seconds >= 0 else None
+            # A server sends the same value on every response: parsed once (a bounded cache).
+            try:
+                return _KEEP_ALIVE_PARSED[value]
+            except KeyError:
+                pass
+            if len(_KEEP_ALIVE_PARSED) >= _KEEP_ALIVE_CACHE:
+                _KEEP_ALIVE_PARSED.clear()
+            seconds = _KEEP_ALIVE_PARSED[value] = _parse_keep_alive(value)
+            return seconds
     return None
+
+
+def _parse_keep_alive(value: bytes) -> float | None:
+    for part in value.split(b","):
+        key, _, number = part.strip().partition(b"=")
+        if key.strip().lower() == b"timeout":
+            try:
+                seconds = float(number.strip())
+            except ValueError:
+                return None
+            return seconds if seconds >= 0 else None
+    return None
+
+
+#: ``Keep-Alive`` values already parsed (few distinct ones: one or two per server), bounded.
+_KEEP_ALIVE_PARSED: dict[bytes, float | None] = {}
+_KEEP_ALIVE_CACHE = 64
+#: ``ResponseHead.http_version`` for the versions a codec reports, without a new bytes
+#: object per response.
+_VERSIONS = {b"1.1": b"HTTP/1.1", b"1.0": b"HTTP/1.0"}
