@@ -20,6 +20,13 @@ timeout or cancellation costs only that stream.  Every wait (for a response, for
 window, for a PING's verdict) is a ``wait_until(condition)``: it ends when the condition
 holds, the connection breaks (every sleeper is woken) or its own deadline passes, and the
 conditions include the stream's *fate* (reset, refused, answered), so no wait outlives it.
+Under asyncio (a plain ``AsyncioStream``) a stream's wait for its response is
+``wait_timed``, the same roles and hand-over with the read timeout kept by loop timers
+(a bare future for a sleeper, ``receive``'s own timeout for the reader) instead of a
+cancel scope and an ``_threads.Event``; and ``flush`` writes at once, with no lock or scope,
+when nobody else is writing and the transport takes the bytes without waiting.  These are
+the per-request hot path (issue 18): each cancel scope, event and lock checkpoint costs
+more than h2's work on a small response.
 
 ``_streams`` holds exactly the streams h2 counts as open (not closed), so our count, h2's
 and the pool's agree: a stream leaves it when both sides have ended it, when either side
@@ -183,7 +190,8 @@ def _length_mismatch(expected: int, received: int) -> str:
 
 
 class _Sleeper:
-    """Something that waits for the connection: a stream, or a PING check."""
+    """Something that waits for the connection: a stream, or a PING check.  It sleeps on
+    ``wakeup`` (``wait_until``) or, under asyncio, on a bare future (``wait_timed``)."""
 
     __slots__ = ("wakeup",)
 
@@ -376,13 +384,19 @@ class HTTP2Connection:
                     first, _ = self._sleepers.popitem(last=False)
                     first.wake()
 
-    def _read_once(self, timeout: float | None = None) -> None:
+    def _read_once(
+        self, timeout: float | None = None, *, timed_out_breaks: bool = True
+    ) -> None:
         """Read once and dispatch what arrived.  Without ``timeout`` the caller's cancel
-        scope bounds the read (``run_waiting``, the PING's ``move_on_after``)."""
+        scope bounds the read (``run_waiting``, the PING's ``move_on_after``).  A read
+        that times out breaks the connection (the idle check's bound), unless
+        ``timed_out_breaks`` is false: then the ``TimeoutError`` is the caller's."""
         self._reading = True
         try:
             data = self._net.receive(READ_SIZE, timeout)
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and not timed_out_breaks:
+                raise
             self._break(httpx.ReadError, str(exc) or type(exc).__name__)
             return
         finally:
@@ -907,9 +921,7 @@ class H2Stream(_Sleeper):
         ready = self._ready
         try:
             if not ready():  # often the reader already queued it: no timeout scope needed
-                run_waiting(
-                    lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
-                )
+                self._wait(request, timeouts)
         except httpx.TransportError as exc:
             if ready():
                 pass  # our outcome arrived with the failure: report that instead
@@ -929,6 +941,14 @@ class H2Stream(_Sleeper):
 
     def _ready(self) -> bool:
         return bool(self.events) or self.refused or self.error is not None
+
+    def _wait(self, request: httpx.Request, timeouts: Timeouts) -> None:
+        """Wait until ``_ready``, within the read timeout and the deadline."""
+        conn = self.conn
+        ready = self._ready
+        run_waiting(
+            lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
+        )
 
     # -- ending ----------------------------------------------------------------------------
     def finish_buffered(self) -> bool:
