@@ -169,7 +169,33 @@ class _H2Connection(h2.connection.H2Connection):
     ``_receive_data_frame`` is h2's own (private) DATA handler, the one private API this
     module overrides: h2 is pinned below 5, and tests/unit/test_h2frames.py checks the
     behaviour relied on.
+
+    It also counts its open streams our way (``open_outbound_streams``).
     """
+
+    def __init__(self, config: h2.config.H2Configuration, ours: dict[int, Any] | None = None):
+        super().__init__(config=config)
+        #: The streams we count open (``HTTP2Connection._streams``), if any.
+        self._ours = ours
+        self._scan_above = 16  # when h2's own scan runs again (``open_outbound_streams``)
+
+    @property
+    def open_outbound_streams(self) -> int:
+        """Open streams, for ``send_headers``'s check of the peer's cap (RFC 9113 §5.1.2).
+
+        h2 counts by scanning every stream it holds, on each ``send_headers``: at
+        concurrency 64 that is a few per cent of a request's CPU.  Ours holds exactly the
+        streams h2 counts open (the adversary suite checks the two agree at rest), so it
+        answers instead; h2's scan, which also forgets closed streams (recording how each
+        closed, for frames that arrive late), still runs once closed streams may make up
+        half of what h2 holds: amortized O(1), and h2's memory stays bounded.
+        """
+        ours = self._ours
+        if ours is None or len(self.streams) > self._scan_above:
+            count: int = super().open_outbound_streams
+            self._scan_above = 2 * len(self.streams) + 16
+            return count
+        return len(ours)
 
     def _receive_data_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         try:
@@ -260,7 +286,8 @@ class HTTP2Connection:
         self.id = next_connection_id()
         self.cap = 1  # concurrent streams, as last reported (``on_cap``)
         self.draining = False  # no new stream: GOAWAY, or the pool says so (lifetime)
-        self._h2 = _H2Connection(config=H2_CONFIG)
+        self._streams: dict[int, H2Stream] = {}
+        self._h2 = _H2Connection(H2_CONFIG, self._streams)
         self._net = stream
         # unasync: skip
         from ._streams import AsyncioStream  # (the sync twin's streams have no fast path)
@@ -276,7 +303,6 @@ class HTTP2Connection:
         self._max_streams = max_streams
         self._ping_after = ping_after
         self._ping_timeout = ping_timeout
-        self._streams: dict[int, H2Stream] = {}
         self._sleepers: OrderedDict[_Sleeper, None] = OrderedDict()
         self._window_waiters: dict[H2Stream, None] = {}
         self._reading = False
