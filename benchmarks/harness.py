@@ -683,12 +683,19 @@ class _FloorBody(httpx.AsyncByteStream):
             yield chunk
 
 
+#: Headers that must not go out on HTTP/2 (Host becomes :authority; RFC 9113 §8.2.2).
+_H2_HOP_HEADERS = frozenset(
+    {b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+
+
 class H2FloorTransport(httpx.AsyncBaseTransport):
     """The h2 floor called as a transport is: ``handle_async_request`` turns the
     ``httpx.Request`` into the least header list HTTP/2 needs (pseudo-headers from its URL,
-    its own headers lowercased, without Host), sends it on the floor's one connection and
-    returns an ``httpx.Response`` with the stream's headers and body.  No checks, pool,
-    limits or timeouts: what any h2 transport pays for the httpx contract, over the floor."""
+    its own headers lowercased, without Host and the connection-specific ones), sends it on
+    the floor's one connection and returns an ``httpx.Response`` with the stream's headers
+    and body.  No checks, pool, limits or timeouts: what any h2 transport pays for the
+    httpx contract, over the floor."""
 
     def __init__(self, url: str) -> None:
         parsed = httpx.URL(url)
@@ -709,7 +716,11 @@ class H2FloorTransport(httpx.AsyncBaseTransport):
             (b":scheme", url.raw_scheme),
             (b":path", url.raw_path),
         ]
-        headers += [(n.lower(), v) for n, v in request.headers.raw if n.lower() != b"host"]
+        headers += [
+            (name, value)
+            for name, value in ((n.lower(), v) for n, v in request.headers.raw)
+            if name not in _H2_HOP_HEADERS
+        ]
         status, response_headers, body = await self._conn.exchange(headers)
         return httpx.Response(
             status,
