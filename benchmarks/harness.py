@@ -25,6 +25,11 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
 * ``h11-floor+models`` and ``httptools-floor+models`` (``models_floor.py``): each floor's
   Protocol behind ``handle_async_request``, taking the ``httpx.Request`` and returning an
   ``httpx.Response``: what httpx's transport contract costs any transport, without ours.
+* ``h2-floor+models``: the same floor called as an httpx transport is
+  (``H2FloorTransport``): it takes the ``httpx.Request`` the driver built, sends its
+  headers, and returns an ``httpx.Response`` (the stream's headers, its body as a response
+  stream) that the driver reads and closes.  What the transport contract costs on top of
+  the floor, so ``bulkhead-h2 / h2-floor+models`` is what our code adds.
 * Drivers run one request each: through ``httpx.AsyncClient`` (``level="client"``) or by
   calling ``transport.handle_async_request`` directly (``level="transport"``).
 
@@ -50,7 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
@@ -84,6 +89,7 @@ __all__ = [
     "H2_CONTESTANTS",
     "H2_DEFAULT",
     "H2_FLOOR",
+    "H2_FLOOR_MODELS",
     "HTTPTOOLS",
     "HTTPTOOLS_FLOOR",
     "HTTPX_AIOHTTP",
@@ -115,7 +121,9 @@ H2_DEFAULT = "httpx-default-h2"
 H2_BULKHEAD = "bulkhead-h2"
 #: The HTTP/2 floor: h2 driven over a bare asyncio ``Protocol`` (``H2FloorDriver``).
 H2_FLOOR = "h2-floor"
-H2_CONTESTANTS = (H2_DEFAULT, H2_BULKHEAD, H2_FLOOR)
+#: The h2 floor plus the httpx models a transport must take and give (``H2FloorTransport``).
+H2_FLOOR_MODELS = "h2-floor+models"
+H2_CONTESTANTS = (H2_DEFAULT, H2_BULKHEAD, H2_FLOOR, H2_FLOOR_MODELS)
 #: The base each contestant's ``cpu_ratio`` is taken against (httpx's default, same protocol).
 BASE_OF = {
     BULKHEAD: DEFAULT,
@@ -126,6 +134,7 @@ BASE_OF = {
     AIOHTTP: DEFAULT,
     H2_BULKHEAD: H2_DEFAULT,
     H2_FLOOR: H2_DEFAULT,
+    H2_FLOOR_MODELS: H2_DEFAULT,
 }
 
 Level = Literal["client", "transport"]
@@ -604,6 +613,133 @@ class H2FloorDriver:
         await asyncio.sleep(0)  # let the loop run the transport's close callback
 
 
+#: What ``_H2ModelsConnection.exchange`` resolves to: status, headers, body chunks.
+_H2Response = tuple[int, list[tuple[bytes, bytes]], list[bytes]]
+
+
+class _H2ModelsConnection(_H2Connection):
+    """The floor's connection, keeping each response's headers and body chunks (for
+    ``H2FloorTransport``); otherwise the same work, frame for frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._responses: dict[int, asyncio.Future[_H2Response]] = {}
+        self._heads: dict[int, tuple[int, list[tuple[bytes, bytes]]]] = {}
+        self._bodies: dict[int, list[bytes]] = {}
+
+    def data_received(self, data: bytes) -> None:
+        h2c = self._h2
+        for event in h2c.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                status, headers = 0, []
+                for name, value in event.headers:
+                    if name == b":status":
+                        status = int(value)
+                    elif not name.startswith(b":"):
+                        headers.append((name, value))
+                self._heads[event.stream_id] = (status, headers)
+            elif isinstance(event, h2.events.DataReceived):
+                self._bodies.setdefault(event.stream_id, []).append(event.data)
+                h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                stream_id = event.stream_id
+                waiter = self._responses.pop(stream_id, None)
+                status, headers = self._heads.pop(stream_id, (0, []))
+                body = self._bodies.pop(stream_id, [])
+                if waiter is not None and not waiter.done():
+                    waiter.set_result((status, headers, body))
+            elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                self.connection_lost(ConnectionError(f"HTTP/2: {type(event).__name__}"))
+                return
+        out = h2c.data_to_send()
+        if out and self._transport is not None:
+            self._transport.write(out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        assert self._lost is not None
+        for waiter in self._responses.values():
+            if not waiter.done():
+                waiter.set_exception(self._lost)
+        self._responses.clear()
+
+    async def exchange(self, headers: list[tuple[bytes, bytes]]) -> _H2Response:
+        assert self._transport is not None
+        if self._lost is not None:
+            raise self._lost
+        h2c = self._h2
+        stream_id = h2c.get_next_available_stream_id()
+        h2c.send_headers(stream_id, headers, end_stream=True)
+        waiter: asyncio.Future[_H2Response] = asyncio.get_running_loop().create_future()
+        self._responses[stream_id] = waiter
+        self._transport.write(h2c.data_to_send())
+        return await waiter
+
+
+class _FloorBody(httpx.AsyncByteStream):
+    """A response body already received, handed out as a transport's response stream."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+
+#: Headers that must not go out on HTTP/2 (Host becomes :authority; RFC 9113 §8.2.2).
+_H2_HOP_HEADERS = frozenset(
+    {b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+
+
+class H2FloorTransport(httpx.AsyncBaseTransport):
+    """The h2 floor called as a transport is: ``handle_async_request`` turns the
+    ``httpx.Request`` into the least header list HTTP/2 needs (pseudo-headers from its URL,
+    its own headers lowercased, without Host and the connection-specific ones), sends it on
+    the floor's one connection and returns an ``httpx.Response`` with the stream's headers
+    and body.  No checks, pool, limits or timeouts: what any h2 transport pays for the
+    httpx contract, over the floor."""
+
+    def __init__(self, url: str) -> None:
+        parsed = httpx.URL(url)
+        self._host, self._port = parsed.host, parsed.port or 80
+        self._conn: _H2ModelsConnection | None = None
+
+    async def start(self) -> H2FloorTransport:
+        loop = asyncio.get_running_loop()
+        _, self._conn = await loop.create_connection(_H2ModelsConnection, self._host, self._port)
+        return self
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert self._conn is not None
+        url = request.url
+        headers = [
+            (b":method", request.method.encode()),
+            (b":authority", url.netloc),
+            (b":scheme", url.raw_scheme),
+            (b":path", url.raw_path),
+        ]
+        headers += [
+            (name, value)
+            for name, value in ((n.lower(), v) for n, v in request.headers.raw)
+            if name not in _H2_HOP_HEADERS
+        ]
+        status, response_headers, body = await self._conn.exchange(headers)
+        return httpx.Response(
+            status,
+            headers=response_headers,
+            stream=_FloorBody(body),
+            extensions={"http_version": b"HTTP/2"},
+        )
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        await asyncio.sleep(0)  # let the loop run the transport's close callback
+
+
 async def make_driver(
     contestant: str, level: Level, urls: Sequence[str], concurrency: int
 ) -> Driver:
@@ -634,6 +770,10 @@ async def make_driver(
         transport = bulkhead_transport(concurrency, http1_parser="httptools")
     elif contestant == H2_BULKHEAD:
         transport = bulkhead_transport(concurrency, http2=True)
+    elif contestant == H2_FLOOR_MODELS:
+        if len(urls) != 1:
+            raise ValueError("the h2 floor serves one origin")
+        transport = await H2FloorTransport(urls[0]).start()
     elif contestant == HTTPX_AIOHTTP:
         transport = aiohttp_transport(concurrency if len(urls) == 1 else None, IDLE_SECONDS)
     elif contestant in MODELS_FLOORS:

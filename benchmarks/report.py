@@ -22,8 +22,11 @@ overhead   client CPU per request, HTTP/1.1 keep-alive, concurrency 1 and 64, th
 http2      the same over HTTP/2 (h2c, prior knowledge, server cap 100 streams): httpx's
            default ``AsyncHTTPTransport(http1=False, http2=True)`` vs
            ``BulkheadTransport(http1=False, http2=True)`` beside an h2 floor (h2 on a bare
-           asyncio Protocol), with BulkheadTransport over HTTP/1.1 in the same rounds for
-           reference, and the TCP connections each opened; issue 18's targets marked.
+           asyncio Protocol) and the same floor called as a transport is (``floor + models``:
+           it takes the httpx.Request and gives an httpx.Response, so ``bulkhead h2 /
+           (floor + models)`` is what our code adds), with BulkheadTransport over HTTP/1.1
+           in the same rounds for reference, and the TCP connections each opened; issue
+           18's targets marked.
 scaling    CPU per request with 1/10/100/1,000 origins (ports), and with 10 vs 1,000
            pooled connections to one origin, at concurrency 10 (transport level), for both
            HTTP/1.1 codecs of BulkheadTransport.  httpx's default pool does
@@ -198,6 +201,8 @@ async def _overhead_case(
                 *tg.PAIRS,
                 *mf.pairs(),
                 (h.H2_BULKHEAD, h.H2_FLOOR),
+                (h.H2_BULKHEAD, h.H2_FLOOR_MODELS),
+                (h.H2_FLOOR_MODELS, h.H2_FLOOR),
             ],
         ),
         "server": seen,  # per contestant: port, connections, requests, max_streams
@@ -594,23 +599,29 @@ def _h2_target(row: dict[str, Any]) -> str:
 
 
 def http2_table(rows: list[dict[str, Any]]) -> str:
-    names = (h.H2_DEFAULT, h.H2_BULKHEAD, h.H2_FLOOR)
+    """The HTTP/2 rows; ``bulkhead h2 / (floor + models)`` is what our code adds to the h2
+    floor called as a transport is (``harness.H2FloorTransport``: the httpx request and
+    response models every transport must take and give)."""
+    names = (h.H2_DEFAULT, h.H2_BULKHEAD, h.H2_FLOOR, h.H2_FLOOR_MODELS)
     lines = [
         "| level | conc. | httpx default h2 µs/req | bulkhead h2 µs/req | bulkhead / default"
         " (range) | h2 floor µs/req | bulkhead h2 / floor (range) | target (issue 18) |"
+        " h2 floor + models µs/req | bulkhead h2 / (floor + models) (range) |"
         " bulkhead HTTP/1.1 µs/req (same rounds) | bulkhead h2 / HTTP/1.1 |"
-        " default req/s | bulkhead req/s | TCP connections opened, default / bulkhead / floor |"
-        " most streams at once on one connection, default / bulkhead / floor |"
-        " samples: rounds x requests, default h2 / bulkhead h2 / floor / bulkhead HTTP/1.1 |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        " default req/s | bulkhead req/s | TCP connections opened, default / bulkhead / floor"
+        " / floor + models | most streams at once on one connection, default / bulkhead /"
+        " floor / floor + models | samples: rounds x requests, default h2 / bulkhead h2 /"
+        " floor / floor + models / bulkhead HTTP/1.1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         s = row["summary"]
-        d, b, f, one = (s.get(n) for n in (*names, h.BULKHEAD))
+        d, b, f, fm, one = (s.get(n) for n in (*names, h.BULKHEAD))
         lines.append(
             f"| {row['level']} | {row['concurrency']} | {_cpu(d)} | {_cpu(b)} | {_vs_default(b)}"
             f" | {_cpu(f)} | {_paired(row, h.H2_BULKHEAD, h.H2_FLOOR, spread=True)}"
             f" | {_h2_target(row)}"
+            f" | {_cpu(fm)} | {_paired(row, h.H2_BULKHEAD, h.H2_FLOOR_MODELS, spread=True)}"
             f" | {_cpu(one)} | {_paired(row, h.H2_BULKHEAD, h.BULKHEAD)} | {_rps(d)} | {_rps(b)}"
             f" | {_conns(row, names)} | {_conns(row, names, 'max_streams')}"
             f" | {_all_counts(row, (*names, h.BULKHEAD))} |"
@@ -894,7 +905,10 @@ def markdown(results: dict[str, Any]) -> str:
             "`AsyncHTTPTransport(http1=False, http2=True)` vs"
             " `BulkheadTransport(http1=False, http2=True)` (max_concurrency = concurrency),"
             " beside the h2 floor (h2 on a bare asyncio Protocol, one connection, streams"
-            " multiplexed, no pool, no limits, the same h2 configuration as BulkheadTransport);"
+            " multiplexed, no pool, no limits, the same h2 configuration as BulkheadTransport),"
+            " and the same floor called as a transport is (floor + models: it takes the"
+            " `httpx.Request` and returns an `httpx.Response` that is read and closed, so"
+            " bulkhead h2 / (floor + models) is the cost of our code alone);"
             " BulkheadTransport over HTTP/1.1 (h11) ran in the same rounds for reference.",
             "",
             *_earlier(results, "http2"),

@@ -18,6 +18,13 @@ timeout or cancellation costs only that stream.  Every wait (for a response, for
 window, for a PING's verdict) is a ``wait_until(condition)``: it ends when the condition
 holds, the connection breaks (every sleeper is woken) or its own deadline passes, and the
 conditions include the stream's *fate* (reset, refused, answered), so no wait outlives it.
+Under asyncio (a plain ``AsyncioStream``) a stream's wait for its response is
+``wait_timed``, the same roles and hand-over with the read timeout kept by loop timers
+(a bare future for a sleeper, ``receive``'s own timeout for the reader) instead of a
+cancel scope and an ``anyio.Event``; and ``flush`` writes at once, with no lock or scope,
+when nobody else is writing and the transport takes the bytes without waiting.  These are
+the per-request hot path (issue 18): each cancel scope, event and lock checkpoint costs
+more than h2's work on a small response.
 
 ``_streams`` holds exactly the streams h2 counts as open (not closed), so our count, h2's
 and the pool's agree: a stream leaves it when both sides have ended it, when either side
@@ -61,6 +68,10 @@ empty DATA frame that ends a body (§6.9.2).
 
 from __future__ import annotations
 
+# unasync: skip
+import asyncio
+
+# unasync: end
 import contextlib
 import os
 import time
@@ -158,7 +169,33 @@ class _H2Connection(h2.connection.H2Connection):
     ``_receive_data_frame`` is h2's own (private) DATA handler, the one private API this
     module overrides: h2 is pinned below 5, and tests/unit/test_h2frames.py checks the
     behaviour relied on.
+
+    It also counts its open streams our way (``open_outbound_streams``).
     """
+
+    def __init__(self, config: h2.config.H2Configuration, ours: dict[int, Any] | None = None):
+        super().__init__(config=config)
+        #: The streams we count open (``HTTP2Connection._streams``), if any.
+        self._ours = ours
+        self._scan_above = 16  # when h2's own scan runs again (``open_outbound_streams``)
+
+    @property
+    def open_outbound_streams(self) -> int:
+        """Open streams, for ``send_headers``'s check of the peer's cap (RFC 9113 §5.1.2).
+
+        h2 counts by scanning every stream it holds, on each ``send_headers``: at
+        concurrency 64 that is a few per cent of a request's CPU.  Ours holds exactly the
+        streams h2 counts open (the adversary suite checks the two agree at rest), so it
+        answers instead; h2's scan, which also forgets closed streams (recording how each
+        closed, for frames that arrive late), still runs once closed streams may make up
+        half of what h2 holds: amortized O(1), and h2's memory stays bounded.
+        """
+        ours = self._ours
+        if ours is None or len(self.streams) > self._scan_above:
+            count: int = super().open_outbound_streams
+            self._scan_above = 2 * len(self.streams) + 16
+            return count
+        return len(ours)
 
     def _receive_data_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         try:
@@ -173,6 +210,13 @@ class _H2Connection(h2.connection.H2Connection):
         return result
 
 
+# unasync: skip
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+# unasync: end
 def _length_mismatch(expected: int, received: int) -> str:
     return (
         f"response body does not match its content-length: {expected} bytes announced, "
@@ -181,16 +225,28 @@ def _length_mismatch(expected: int, received: int) -> str:
 
 
 class _Sleeper:
-    """Something that waits for the connection: a stream, or a PING check."""
+    """Something that waits for the connection: a stream, or a PING check.  It sleeps on
+    ``wakeup`` (``wait_until``) or, under asyncio, on a bare future (``wait_timed``)."""
 
-    __slots__ = ("wakeup",)
+    # unasync: skip
+    __slots__ = ("future", "wakeup")
+    # unasync: end
+    # unasync: use __slots__ = ("wakeup",)
 
     def __init__(self) -> None:
         self.wakeup: anyio.Event | None = None
+        # unasync: skip
+        self.future: asyncio.Future[None] | None = None
+        # unasync: end
 
     def wake(self) -> None:
         if self.wakeup is not None:
             self.wakeup.set()
+        # unasync: skip
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(None)
+        # unasync: end
 
 
 class ConnectionListener:
@@ -230,15 +286,23 @@ class HTTP2Connection:
         self.id = next_connection_id()
         self.cap = 1  # concurrent streams, as last reported (``on_cap``)
         self.draining = False  # no new stream: GOAWAY, or the pool says so (lifetime)
-        self._h2 = _H2Connection(config=H2_CONFIG)
+        self._streams: dict[int, H2Stream] = {}
+        self._h2 = _H2Connection(H2_CONFIG, self._streams)
         self._net = stream
+        # unasync: skip
+        from ._streams import AsyncioStream  # (the sync twin's streams have no fast path)
+
+        #: The stream, when it can write without waiting (``flush``'s fast path) and read
+        #: with a timeout of its own (``wait_timed``): plain asyncio.
+        self._direct = stream if isinstance(stream, AsyncioStream) else None
+        self._loop = None if self._direct is None else asyncio.get_running_loop()
+        # unasync: end
         self.network_stream = NetworkStream(stream)  # the response extension
         self.proxy: str | None = None  # the proxy this connection goes through (its URL)
         self._listener = listener
         self._max_streams = max_streams
         self._ping_after = ping_after
         self._ping_timeout = ping_timeout
-        self._streams: dict[int, H2Stream] = {}
         self._sleepers: OrderedDict[_Sleeper, None] = OrderedDict()
         self._window_waiters: dict[H2Stream, None] = {}
         self._reading = False
@@ -330,6 +394,14 @@ class HTTP2Connection:
         Once the connection is broken nothing more is sent (RFC 9113 §5.4.1: after a
         connection error's GOAWAY, close), but for ``last_words``: the flush right after
         the read that broke it, which carries h2's GOAWAY."""
+        # unasync: skip
+        if (
+            self._direct is not None
+            and not self._write_lock.locked()
+            and self._write_now(last_words)
+        ):
+            return
+        # unasync: end
         with anyio.CancelScope(shield=True):
             async with self._write_lock:
                 data = self._outbox + self._h2.data_to_send()
@@ -343,6 +415,23 @@ class HTTP2Connection:
                     self._break(type(exc), str(exc))
                     raise
 
+    # unasync: skip
+    def _write_now(self, last_words: bool) -> bool:
+        """``flush`` without a cancel scope, lock or await, when nobody is writing and the
+        asyncio transport takes the bytes at once (the common case): nothing can be
+        interleaved or cancelled then.  False: the bytes wait in ``_outbox`` for the slow
+        path (back-pressure, or the stream is closing and ``send`` reports it)."""
+        assert self._direct is not None
+        data = self._outbox + self._h2.data_to_send()
+        self._outbox = b""
+        if not data or (self._broken is not None and not last_words):
+            return True
+        if self._direct.write_nowait(data):
+            return True
+        self._outbox = data  # still first in line
+        return False
+
+    # unasync: end
     async def _flush_quietly(self, *, last_words: bool = False) -> None:
         """Flush frames that serve no request in particular (resets, acks): a failure only
         breaks the connection, for its streams to report."""
@@ -374,13 +463,69 @@ class HTTP2Connection:
                     first, _ = self._sleepers.popitem(last=False)
                     first.wake()
 
-    async def _read_once(self, timeout: float | None = None) -> None:
+    # unasync: skip
+    async def wait_timed(self, stream: H2Stream, timeout: float | None) -> None:
+        """``wait_until(stream._ready)`` within ``timeout`` seconds, for asyncio streams
+        (``_direct``): the sleeper waits on a bare future and the reader's ``receive`` has
+        the timeout, each armed with a loop timer, so a wait costs no cancel scope, no
+        ``anyio.Event`` and no task cancellation.  Same roles and hand-over as
+        ``wait_until``; a reader that times out hands the role on and breaks nothing
+        (``receive`` keeps unread bytes buffered).
+
+        Raises:
+            TimeoutError: ``timeout`` passed (``run_io`` maps it).
+            httpx.TransportError: the connection broke.
+        """
+        loop = self._loop
+        assert loop is not None  # (an asyncio stream: ``_direct``)
+        ready = stream._ready
+        deadline = None if timeout is None else loop.time() + timeout
+        while not ready():
+            self.raise_if_broken()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            if self._reading:
+                stream.future = future = loop.create_future()
+                self._sleepers[stream] = None
+                timer = None if left is None else loop.call_later(left, _expire, future)
+                try:
+                    await future
+                except BaseException:
+                    # Timed out or cancelled, perhaps just as the reader role was handed
+                    # to us: hand it on, or the other sleepers would wait for nobody.
+                    self._sleepers.pop(stream, None)
+                    if not self._reading and self._sleepers:
+                        first, _ = self._sleepers.popitem(last=False)
+                        first.wake()
+                    raise
+                finally:
+                    self._sleepers.pop(stream, None)
+                    stream.future = None
+                    if timer is not None:
+                        timer.cancel()
+                continue
+            try:
+                await self._read_once(left, timed_out_breaks=False)
+            finally:
+                if self._sleepers:  # hand the reader role on
+                    first, _ = self._sleepers.popitem(last=False)
+                    first.wake()
+
+    # unasync: end
+    async def _read_once(
+        self, timeout: float | None = None, *, timed_out_breaks: bool = True
+    ) -> None:
         """Read once and dispatch what arrived.  Without ``timeout`` the caller's cancel
-        scope bounds the read (``run_waiting``, the PING's ``move_on_after``)."""
+        scope bounds the read (``run_waiting``, the PING's ``move_on_after``).  A read
+        that times out breaks the connection (the idle check's bound), unless
+        ``timed_out_breaks`` is false: then the ``TimeoutError`` is the caller's."""
         self._reading = True
         try:
             data = await self._net.receive(READ_SIZE, timeout)
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and not timed_out_breaks:
+                raise
             self._break(httpx.ReadError, str(exc) or type(exc).__name__)
             return
         finally:
@@ -905,9 +1050,7 @@ class H2Stream(_Sleeper):
         ready = self._ready
         try:
             if not ready():  # often the reader already queued it: no timeout scope needed
-                await run_waiting(
-                    lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
-                )
+                await self._wait(request, timeouts)
         except httpx.TransportError as exc:
             if ready():
                 pass  # our outcome arrived with the failure: report that instead
@@ -927,6 +1070,19 @@ class H2Stream(_Sleeper):
 
     def _ready(self) -> bool:
         return bool(self.events) or self.refused or self.error is not None
+
+    async def _wait(self, request: httpx.Request, timeouts: Timeouts) -> None:
+        """Wait until ``_ready``, within the read timeout and the deadline."""
+        conn = self.conn
+        # unasync: skip
+        if conn._direct is not None:
+            await run_io(conn.wait_timed, self, "read", timeouts.read, request, timeouts)
+            return
+        # unasync: end
+        ready = self._ready
+        await run_waiting(
+            lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
+        )
 
     # -- ending ----------------------------------------------------------------------------
     def finish_buffered(self) -> bool:

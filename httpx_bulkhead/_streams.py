@@ -296,6 +296,21 @@ class AsyncioStream:
         if proto.lost and proto.error is not None:
             raise OSError(str(proto.error)) from proto.error
 
+    def write_nowait(self, data: bytes) -> bool:
+        """Write all of ``data`` now, if that needs no wait: connected and not held back
+        by the transport's back-pressure (which the next ``send`` then waits out).  False:
+        nothing was written, ``send`` must (it waits, or raises what went wrong).  The
+        HTTP/2 connection's write fast path: no cancel scope, lock or await."""
+        proto = self._proto
+        if proto.lost or proto.writing_paused or self._transport.is_closing():
+            return False
+        tls = self._tls
+        if tls is not None:
+            tls.write(data)
+            data = tls.outgoing()
+        self._transport.write(data)
+        return True
+
     def is_readable(self) -> bool:
         proto = self._proto
         if proto.chunks or proto.eof or proto.lost:

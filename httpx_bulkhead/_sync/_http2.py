@@ -20,6 +20,13 @@ timeout or cancellation costs only that stream.  Every wait (for a response, for
 window, for a PING's verdict) is a ``wait_until(condition)``: it ends when the condition
 holds, the connection breaks (every sleeper is woken) or its own deadline passes, and the
 conditions include the stream's *fate* (reset, refused, answered), so no wait outlives it.
+Under asyncio (a plain ``AsyncioStream``) a stream's wait for its response is
+``wait_timed``, the same roles and hand-over with the read timeout kept by loop timers
+(a bare future for a sleeper, ``receive``'s own timeout for the reader) instead of a
+cancel scope and an ``_threads.Event``; and ``flush`` writes at once, with no lock or scope,
+when nobody else is writing and the transport takes the bytes without waiting.  These are
+the per-request hot path (issue 18): each cancel scope, event and lock checkpoint costs
+more than h2's work on a small response.
 
 ``_streams`` holds exactly the streams h2 counts as open (not closed), so our count, h2's
 and the pool's agree: a stream leaves it when both sides have ended it, when either side
@@ -160,7 +167,33 @@ class _H2Connection(h2.connection.H2Connection):
     ``_receive_data_frame`` is h2's own (private) DATA handler, the one private API this
     module overrides: h2 is pinned below 5, and tests/unit/test_h2frames.py checks the
     behaviour relied on.
+
+    It also counts its open streams our way (``open_outbound_streams``).
     """
+
+    def __init__(self, config: h2.config.H2Configuration, ours: dict[int, Any] | None = None):
+        super().__init__(config=config)
+        #: The streams we count open (``HTTP2Connection._streams``), if any.
+        self._ours = ours
+        self._scan_above = 16  # when h2's own scan runs again (``open_outbound_streams``)
+
+    @property
+    def open_outbound_streams(self) -> int:
+        """Open streams, for ``send_headers``'s check of the peer's cap (RFC 9113 §5.1.2).
+
+        h2 counts by scanning every stream it holds, on each ``send_headers``: at
+        concurrency 64 that is a few per cent of a request's CPU.  Ours holds exactly the
+        streams h2 counts open (the adversary suite checks the two agree at rest), so it
+        answers instead; h2's scan, which also forgets closed streams (recording how each
+        closed, for frames that arrive late), still runs once closed streams may make up
+        half of what h2 holds: amortized O(1), and h2's memory stays bounded.
+        """
+        ours = self._ours
+        if ours is None or len(self.streams) > self._scan_above:
+            count: int = super().open_outbound_streams
+            self._scan_above = 2 * len(self.streams) + 16
+            return count
+        return len(ours)
 
     def _receive_data_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         try:
@@ -183,7 +216,8 @@ def _length_mismatch(expected: int, received: int) -> str:
 
 
 class _Sleeper:
-    """Something that waits for the connection: a stream, or a PING check."""
+    """Something that waits for the connection: a stream, or a PING check.  It sleeps on
+    ``wakeup`` (``wait_until``) or, under asyncio, on a bare future (``wait_timed``)."""
 
     __slots__ = ("wakeup",)
 
@@ -232,7 +266,8 @@ class HTTP2Connection:
         self.id = next_connection_id()
         self.cap = 1  # concurrent streams, as last reported (``on_cap``)
         self.draining = False  # no new stream: GOAWAY, or the pool says so (lifetime)
-        self._h2 = _H2Connection(config=H2_CONFIG)
+        self._streams: dict[int, H2Stream] = {}
+        self._h2 = _H2Connection(H2_CONFIG, self._streams)
         self._net = stream
         self.network_stream = NetworkStream(stream)  # the response extension
         self.proxy: str | None = None  # the proxy this connection goes through (its URL)
@@ -240,7 +275,6 @@ class HTTP2Connection:
         self._max_streams = max_streams
         self._ping_after = ping_after
         self._ping_timeout = ping_timeout
-        self._streams: dict[int, H2Stream] = {}
         self._sleepers: OrderedDict[_Sleeper, None] = OrderedDict()
         self._window_waiters: dict[H2Stream, None] = {}
         self._reading = False
@@ -376,13 +410,19 @@ class HTTP2Connection:
                     first, _ = self._sleepers.popitem(last=False)
                     first.wake()
 
-    def _read_once(self, timeout: float | None = None) -> None:
+    def _read_once(
+        self, timeout: float | None = None, *, timed_out_breaks: bool = True
+    ) -> None:
         """Read once and dispatch what arrived.  Without ``timeout`` the caller's cancel
-        scope bounds the read (``run_waiting``, the PING's ``move_on_after``)."""
+        scope bounds the read (``run_waiting``, the PING's ``move_on_after``).  A read
+        that times out breaks the connection (the idle check's bound), unless
+        ``timed_out_breaks`` is false: then the ``TimeoutError`` is the caller's."""
         self._reading = True
         try:
             data = self._net.receive(READ_SIZE, timeout)
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and not timed_out_breaks:
+                raise
             self._break(httpx.ReadError, str(exc) or type(exc).__name__)
             return
         finally:
@@ -907,9 +947,7 @@ class H2Stream(_Sleeper):
         ready = self._ready
         try:
             if not ready():  # often the reader already queued it: no timeout scope needed
-                run_waiting(
-                    lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
-                )
+                self._wait(request, timeouts)
         except httpx.TransportError as exc:
             if ready():
                 pass  # our outcome arrived with the failure: report that instead
@@ -929,6 +967,14 @@ class H2Stream(_Sleeper):
 
     def _ready(self) -> bool:
         return bool(self.events) or self.refused or self.error is not None
+
+    def _wait(self, request: httpx.Request, timeouts: Timeouts) -> None:
+        """Wait until ``_ready``, within the read timeout and the deadline."""
+        conn = self.conn
+        ready = self._ready
+        run_waiting(
+            lambda: conn.wait_until(self, ready), "read", timeouts.read, request, timeouts
+        )
 
     # -- ending ----------------------------------------------------------------------------
     def finish_buffered(self) -> bool:
