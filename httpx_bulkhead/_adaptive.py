@@ -64,8 +64,19 @@ for good: a window at ``L* + 1`` is the only way to learn that the capacity rose
 testing it less often delays the climb by as much (in the model, doubling the hold
 after each failed test, up to 16 windows, brought phase 2's p99 from 5 s in to 1.50x and
 1.65x of the service time, quiet and loaded, instead of 1.7x and 1.8x, and phase 3's
-goodput to 0.77 and 0.70 of the best static limit's).  ``benchmarks/adaptive_sim.py`` models the
-lab event by event, and ``tests/unit/test_adaptive_sim.py`` checks these choices there.
+goodput to 0.77 and 0.70 of the best static limit's).  What one slot of queue costs there
+is measured (``python -m benchmarks.adaptive_sim --by-limit 2``): at N=4 a static limit of 5
+puts 9% and 11% of the responses above 1.5x the service time (quiet, loaded; 4 puts none),
+so a p99 of 1.5x from 5 s in allows about one request in ten under ``L* + 1``, where this
+algorithm runs a third (34% and 39%, and 4% and 5% under ``L* + 2``, seeds 1-12).  A
+cheaper test of ``L* + 1`` was tried in the model: one slot more for five exchanges, ended
+at once when their mean latency is above the tolerance, the wait before the next doubled
+after each failed one up to eight windows; it brought phase 2's p99 from 5 s in to 1.45x
+and 1.51x, but phase 3's whole-phase goodput to 0.83 and 0.83 (0.91 and 0.90 with the
+windows above), and in one loaded seed a low ``no_load`` sank the limit to 1 in phase 2:
+the climb waits for the next test, and a test's verdict takes a round trip.
+``benchmarks/adaptive_sim.py`` models the lab event by event, and
+``tests/unit/test_adaptive_sim.py`` checks these choices there.
 A window with a drop also multiplies the limit by ``backoff``.
 
 ``no_load`` is measured by *probes*, and moves halfway down when two window medians in a
