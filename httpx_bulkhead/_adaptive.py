@@ -75,6 +75,20 @@ after each failed one up to eight windows; it brought phase 2's p99 from 5 s in 
 and 1.51x, but phase 3's whole-phase goodput to 0.83 and 0.83 (0.91 and 0.90 with the
 windows above), and in one loaded seed a low ``no_load`` sank the limit to 1 in phase 2:
 the climb waits for the next test, and a test's verdict takes a round trip.
+Single-request tests were tried in the model too (below 10 slots no growth by windows;
+every second the limit rises by one until ``k`` exchanges have ended, the exchanges that
+started meanwhile are judged by their highest latency against ``no_load``, and a success
+restarts the fast growth).  The test itself is what costs: with every test failing by
+construction, phase 2's p99 from 5 s in is 1.19x/1.39x (quiet/loaded) for ``k = 1`` (about
+two exchanges per test) and 1.50x/1.52x for ``k = 3`` (about four), against 1.11x/1.27x with
+no test at all.  Its verdict is weak when it is cheap: at ``k = 1`` the highest latency
+tells N=4 from N=24 with 36% false successes at 2% false failures (quiet; 49% and 4%
+loaded), at ``k = 3`` with 2% and 0% (quiet; 9% and 7% loaded).  The best settings gave
+1.52x with phase 3's goodput 0.92 (quiet) but 1.65x and 0.88 loaded (``k = 3``, a success
+on one test), or 1.49x/1.50x with 0.88/0.84 (a success on two tests in a row, one each
+0.8 s).  Opening the slot only when an exchange is due to end (from the starts of those in
+flight and ``no_load``) makes a test nearly free (1.11x/1.28x) and uninformative for the
+same reason: the request the extra slot admits then barely waits at N=4 either.
 ``benchmarks/adaptive_sim.py`` models the lab event by event, and
 ``tests/unit/test_adaptive_sim.py`` checks these choices there.
 A window with a drop also multiplies the limit by ``backoff``.
