@@ -20,6 +20,13 @@ p50/p99 latency of those responses (request start to body read), rejections; for
 adaptive limit, how long after the phase began its limit came within 25% of N and stayed
 there to the phase's end (``settle``), and the p99 from 5 s into the phase.  The limit is
 read from ``statistics()`` every 50 ms.
+
+Where the capacity falls (16 -> 4), every request sent before the first response to a
+request sent after the fall came back was sent under the old limit (no limit can react
+before that) and queues behind the fewer workers; the report counts them in the run
+(``capacity_fell``) and says whether the slow ones alone exceed the 1% of the phase's
+responses a p99 leaves out: then the whole-phase p99 is bounded by them, and the issue's
+p99 target is read from 5 s into the phase.
 """
 
 from __future__ import annotations
@@ -261,6 +268,11 @@ def report(
             ok = [e - a for a, e, o in done if o == "ok"]
             settled_ok = [e - a for a, e, o in done if o == "ok" and e >= start + 5]
             arrived = [o for a, e, o in who.calls if start <= a < end]
+            # Admitted before any response to a request sent in this phase came back (the
+            # earliest instant any limit could see that the capacity changed) and ended in
+            # the phase: what the limit in force before the change sent to the dependency.
+            seen = min((e for a, e, o in who.calls if start <= a and o != "rejected"), default=end)
+            blind = [e - a for a, e, o in done if a < seen and o != "rejected"]
             row: dict[str, Any] = {
                 "phase": index + 1,
                 "N": n,
@@ -271,6 +283,11 @@ def report(
                 "p99_ms": _quantile(ok, 0.99) * 1000,
                 "p99_after_5s_ms": _quantile(settled_ok, 0.99) * 1000,
                 "rejected": sum(o == "rejected" for o in arrived),
+                "blind_s": seen - start,
+                "blind": len(blind),
+                "blind_over_1_5x": sum(t > 1.5 * args.service_ms / 1000 for t in blind),
+                "blind_max_ms": max(blind, default=0.0) * 1000,
+                "responses": len(ok),
                 "errors": sum(o not in ("ok", "rejected") for o in arrived),
                 "limit_min_after_5s": min(
                     (lim for t, lim in who.limits if start + 5 <= t < end), default=None
@@ -329,6 +346,41 @@ def targets(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def capacity_fell(result: dict[str, Any]) -> list[str]:
+    """For each phase whose capacity fell, what the requests sent before any limit could see
+    the fall did to the adaptive contestant's whole-phase p99 (counted in this run)."""
+    service = result["service_ms"]
+    by = {(r["phase"], r["contestant"]): r for r in result["rows"]}
+    lines = []
+    phases = result["phases"]
+    for phase in range(2, len(phases) + 1):
+        old, n = phases[phase - 2], phases[phase - 1]
+        if n >= old:
+            continue
+        row = by[(phase, "adaptive")]
+        slow, responses = row["blind_over_1_5x"], row["responses"]
+        bounded = slow > 0.01 * responses
+        static = by[(phase, "static 16")]
+        lines.append(
+            f"phase {phase}: the capacity fell from {old} to {n} workers; the first response to"
+            f" a request sent after the fall came back {row['blind_s'] * 1000:.0f} ms later"
+            f" (the earliest any limit could see it). {row['blind']} of the adaptive"
+            f" contestant's requests were sent before that (static 16: {static['blind']}):"
+            f" {slow} of them took more than 1.5x the service time (up to"
+            f" {row['blind_max_ms'] / service:.1f}x) queued behind {n} workers,"
+            f" {slow / max(responses, 1):.1%} of the phase's {responses} responses,"
+            f" {'more' if bounded else 'no more'} than the 1% a p99 leaves out"
+            + (
+                ": no limit set after the fall can bring this phase's whole p99 under 1.5x,"
+                " so its target is read from 5 s in"
+                f" ({row['p99_after_5s_ms'] / service:.2f}x)."
+                if bounded
+                else "."
+            )
+        )
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     out = [
         f"Service time {result['service_ms']:g} ms (x U[0.9, 1.1]), open-loop Poisson arrivals"
@@ -354,6 +406,9 @@ def markdown(result: dict[str, Any]) -> str:
             f" {r['p99_after_5s_ms']:.0f} ms | {r['rejected']} | {lim} | {settle} |"
         )
     out += ["", *(f"- {line}" for line in targets(result))]
+    fell = capacity_fell(result)
+    if fell:
+        out += ["", *(f"- {line}" for line in fell)]
     return "\n".join(out) + "\n"
 
 

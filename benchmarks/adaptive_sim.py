@@ -37,7 +37,11 @@ with nothing else to do.  The real lab on a loaded machine is noisier still (its
 
 Reported as the lab does (``adaptive_lab.report``): per phase and contestant, goodput,
 p50/p99 (arrival to body end), rejections, and for the adaptive limit its settling into
-N +- 25% (the limit sampled every 50 ms), with the issue's targets.
+N +- 25% (the limit sampled every 50 ms), with the issue's targets.  ``--by-limit PHASE``
+breaks the adaptive contestant's responses from 5 s into a phase down by the limit in
+force when each was admitted (``by_limit``): at N=4, a response admitted under a limit of
+5 (one slot of queue) is above 1.5x the service time about one time in ten, so a p99 of
+1.5x allows about one request in ten under that limit.
 """
 
 from __future__ import annotations
@@ -105,6 +109,8 @@ class Run:
     calls: list[tuple[float, float, str]] = field(default_factory=list)
     #: (time, limit) every ``SAMPLE_EVERY`` seconds.
     limits: list[tuple[float, int]] = field(default_factory=list)
+    #: (arrival, end, limit in force when it was admitted) per response.
+    admitted: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 class Stalls:
@@ -206,8 +212,8 @@ def simulate(
         now = at
         if kind == _ARRIVAL:
             if limiter.try_acquire():
-                # [arrival, sent, head seen]
-                push(now + noise.network, _AT_SERVER, [now, now, 0.0])
+                # [arrival, sent, head seen, limit]
+                push(now + noise.network, _AT_SERVER, [now, now, 0.0, limiter.limit])
             else:
                 who.calls.append((now, now, "rejected"))
         elif kind == _AT_SERVER:
@@ -222,11 +228,12 @@ def simulate(
             payload[2] = now
             push(ours(now), _END, payload)
         elif kind == _END:
-            arrival, sent, head = payload
+            arrival, sent, head, limit = payload
             if controller is not None:
                 controller.ended(sent, head - sent, 200, None)
             limiter.release()
             who.calls.append((arrival, now, "ok"))
+            who.admitted.append((arrival, now, limit))
         else:  # _PHASE
             capacity = payload
             pump()
@@ -251,8 +258,10 @@ def run(
     rate: float = 300.0,
     service_ms: float = 100.0,
     phases: Sequence[int] = PHASES,
+    into: list[Run] | None = None,
 ) -> dict[str, Any]:
-    """The lab in the model, one seed: ``adaptive_lab.report``'s result."""
+    """The lab in the model, one seed: ``adaptive_lab.report``'s result (the contestants'
+    records appended to ``into``, if given: static 64, static 16, adaptive)."""
     spec = [(phase_seconds, n) for n in phases]
     arrivals = poisson(rate, phase_seconds * len(spec), random.Random(seed))
     entries: list[tuple[str, int | AdaptiveLimit]] = [
@@ -264,6 +273,8 @@ def run(
         simulate(Run(name, limit), arrivals, spec, service_ms / 1000, noise, seed * 31 + i)
         for i, (name, limit) in enumerate(entries)
     ]
+    if into is not None:
+        into += runs
     args = argparse.Namespace(service_ms=service_ms, rate=rate, phase_seconds=phase_seconds)
     return report(runs, spec, args)
 
@@ -272,7 +283,8 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per phase, the issue's targets as figures: ``first_in_band_s`` (< 5),
     ``goodput_share`` of the best static (>= 0.9; ``goodput_after_5s_share`` from 5 s in),
     ``p99_x`` of the service time (<= 1.5), and for the settling, ``in_band_after_5s`` and
-    the limit's range from 5 s in."""
+    the limit's range from 5 s in; ``blind_over_1_5x_share``: what bounds the whole-phase
+    p99 where the capacity fell."""
     by = {(r["phase"], r["contestant"]): r for r in result["rows"]}
     out = []
     for phase, n in enumerate(result["phases"], 1):
@@ -292,8 +304,33 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "p99_x": adaptive["p99_ms"] / result["service_ms"],
                 "p99_after_5s_x": adaptive["p99_after_5s_ms"] / result["service_ms"],
                 "too_high_p99_x": by[(phase, "static 64")]["p99_ms"] / result["service_ms"],
+                # Responses above 1.5x of requests sent before any limit could see a change
+                # of the capacity, as a share of the phase's (``adaptive_lab.capacity_fell``).
+                "blind_over_1_5x_share": adaptive["blind_over_1_5x"]
+                / max(1, adaptive["responses"]),
             }
         )
+    return out
+
+
+def by_limit(who: Run, start: float, end: float, service: float) -> dict[int, dict[str, float]]:
+    """The responses that ended in ``[start, end)`` by the limit in force when each was
+    admitted: their ``share`` of all, ``p50_x``/``p99_x`` of the service time, and the
+    share of them above 1.5x (``over_1_5x``): what each limit costs the p99."""
+    groups: dict[int, list[float]] = {}
+    for arrival, done, limit in who.admitted:
+        if start <= done < end:
+            groups.setdefault(limit, []).append((done - arrival) / service)
+    total = sum(len(values) for values in groups.values())
+    out = {}
+    for limit, values in sorted(groups.items()):
+        values.sort()
+        out[limit] = {
+            "share": len(values) / total,
+            "p50_x": values[len(values) // 2],
+            "p99_x": values[min(len(values) - 1, int(0.99 * len(values)))],
+            "over_1_5x": sum(value > 1.5 for value in values) / len(values),
+        }
     return out
 
 
@@ -302,10 +339,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--noise", choices=sorted(NOISES), default="loaded")
     parser.add_argument("--markdown", action="store_true", help="the lab's table per seed")
+    parser.add_argument(
+        "--by-limit",
+        type=int,
+        metavar="PHASE",
+        help="the adaptive contestant's responses from 5 s into PHASE by their limit",
+    )
     args = parser.parse_args()
     for seed in args.seeds:
-        result = run(seed, NOISES[args.noise])
-        if args.markdown:
+        runs: list[Run] = []
+        result = run(seed, NOISES[args.noise], into=runs)
+        if args.by_limit:
+            seconds = result["phase_seconds"]
+            start = seconds * (args.by_limit - 1)
+            rows = by_limit(runs[-1], start + 5, start + seconds, result["service_ms"] / 1000)
+            print(f"seed {seed}: phase {args.by_limit} from 5 s in, by limit at admission:")
+            for limit, row in rows.items():
+                print(
+                    f"  {limit:3d}: {row['share']:6.1%} of responses, p50 {row['p50_x']:.2f}x,"
+                    f" p99 {row['p99_x']:.2f}x, above 1.5x {row['over_1_5x']:.1%}"
+                )
+        elif args.markdown:
             print(markdown(result))
         else:
             print(f"seed {seed}:")

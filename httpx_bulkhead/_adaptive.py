@@ -64,8 +64,33 @@ for good: a window at ``L* + 1`` is the only way to learn that the capacity rose
 testing it less often delays the climb by as much (in the model, doubling the hold
 after each failed test, up to 16 windows, brought phase 2's p99 from 5 s in to 1.50x and
 1.65x of the service time, quiet and loaded, instead of 1.7x and 1.8x, and phase 3's
-goodput to 0.77 and 0.70 of the best static limit's).  ``benchmarks/adaptive_sim.py`` models the
-lab event by event, and ``tests/unit/test_adaptive_sim.py`` checks these choices there.
+goodput to 0.77 and 0.70 of the best static limit's).  What one slot of queue costs there
+is measured (``python -m benchmarks.adaptive_sim --by-limit 2``): at N=4 a static limit of 5
+puts 9% and 11% of the responses above 1.5x the service time (quiet, loaded; 4 puts none),
+so a p99 of 1.5x from 5 s in allows about one request in ten under ``L* + 1``, where this
+algorithm runs a third (34% and 39%, and 4% and 5% under ``L* + 2``, seeds 1-12).  A
+cheaper test of ``L* + 1`` was tried in the model: one slot more for five exchanges, ended
+at once when their mean latency is above the tolerance, the wait before the next doubled
+after each failed one up to eight windows; it brought phase 2's p99 from 5 s in to 1.45x
+and 1.51x, but phase 3's whole-phase goodput to 0.83 and 0.83 (0.91 and 0.90 with the
+windows above), and in one loaded seed a low ``no_load`` sank the limit to 1 in phase 2:
+the climb waits for the next test, and a test's verdict takes a round trip.
+Single-request tests were tried in the model too (below 10 slots no growth by windows;
+every second the limit rises by one until ``k`` exchanges have ended, the exchanges that
+started meanwhile are judged by their highest latency against ``no_load``, and a success
+restarts the fast growth).  The test itself is what costs: with every test failing by
+construction, phase 2's p99 from 5 s in is 1.19x/1.39x (quiet/loaded) for ``k = 1`` (about
+two exchanges per test) and 1.50x/1.52x for ``k = 3`` (about four), against 1.11x/1.27x with
+no test at all.  Its verdict is weak when it is cheap: at ``k = 1`` the highest latency
+tells N=4 from N=24 with 36% false successes at 2% false failures (quiet; 49% and 4%
+loaded), at ``k = 3`` with 2% and 0% (quiet; 9% and 7% loaded).  The best settings gave
+1.52x with phase 3's goodput 0.92 (quiet) but 1.65x and 0.88 loaded (``k = 3``, a success
+on one test), or 1.49x/1.50x with 0.88/0.84 (a success on two tests in a row, one each
+0.8 s).  Opening the slot only when an exchange is due to end (from the starts of those in
+flight and ``no_load``) makes a test nearly free (1.11x/1.28x) and uninformative for the
+same reason: the request the extra slot admits then barely waits at N=4 either.
+``benchmarks/adaptive_sim.py`` models the lab event by event, and
+``tests/unit/test_adaptive_sim.py`` checks these choices there.
 A window with a drop also multiplies the limit by ``backoff``.
 
 ``no_load`` is measured by *probes*, and moves halfway down when two window medians in a

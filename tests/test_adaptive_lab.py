@@ -31,6 +31,9 @@ def test_the_lab_runs_at_a_tiny_scale(tmp_path: Path) -> None:
     assert adaptive and all(1 <= limit <= 200 for limit in adaptive)
     text = adaptive_lab.markdown(result)
     assert text.count("| adaptive |") == 3 and "phase 3 (N=24)" in text
+    # The fall 16 -> 4 is explained with the requests counted in this run.
+    blind = rows[(2, "adaptive")]["blind"]
+    assert "capacity fell from 16 to 4 workers" in text and f" {blind} of the adaptive" in text
     if importlib.util.find_spec("matplotlib") is not None:  # (the extra ``bench``)
         adaptive_lab.plot(result, tmp_path / "lab.png")
         assert (tmp_path / "lab.png").stat().st_size > 1000

@@ -12,6 +12,7 @@ queue ready).  ``BULKHEAD_ADAPTIVE_SIM_SEEDS=12`` runs seeds 1 to 12 instead of 
 from __future__ import annotations
 
 import os
+import random
 import statistics
 from typing import Any
 
@@ -109,3 +110,41 @@ def test_a_lasting_lag_of_our_own_does_not_cut_the_limit_to_nothing() -> None:
     for seed in SEEDS:
         for v in adaptive_sim.verdicts(adaptive_sim.run(seed, adaptive_sim.SLOWER)):
             assert v["goodput_after_5s_share"] >= 0.85, v
+
+
+def test_where_the_capacity_fell_the_whole_phase_p99_is_bounded(
+    verdicts: list[list[dict[str, Any]]],
+) -> None:
+    """Phase 2 (16 -> 4 workers): the requests sent before any response to a request sent
+    after the fall came back (no limit can see the fall earlier) queue behind the 4
+    workers, and those above 1.5x the service time are more than the 1% of the phase's
+    responses a p99 leaves out; so the whole-phase p99 is above 1.5x whatever the limit
+    does after the fall, and the issue's target is read from 5 s in (the lab's report
+    says so with its own count: ``adaptive_lab.capacity_fell``).  In most runs, not all:
+    a limit that happened to be low when the capacity fell sends few (loaded, seed 7:
+    8, none above 1.5x), and the report then says the fall does not bound the p99."""
+    runs = [run[1] for run in verdicts]
+    bounded = [v for v in runs if v["blind_over_1_5x_share"] > 0.01]
+    assert len(bounded) >= 0.75 * len(runs), runs
+    for v in bounded:
+        assert v["p99_x"] > 1.5, v
+
+
+@pytest.mark.parametrize("noise", NOISES, ids=[noise.name for noise in NOISES])
+def test_one_slot_of_queue_at_a_small_capacity_costs_the_p99(noise: adaptive_sim.Noise) -> None:
+    """Why phase 2's p99 from 5 s in is hard to bring to 1.5x: at N=4 a static limit of 5
+    (one slot of queue) puts 5-15% of the responses above 1.5x the service time (the
+    queued request waits for the next of four workers to finish, and their ends bunch),
+    a limit of 4 almost none.  So a p99 of 1.5x allows only about one request in ten
+    under a limit of 5; the adaptive limit, which learns that the capacity rose only by
+    trying 5, runs about a third there (``python -m benchmarks.adaptive_sim --by-limit
+    2``)."""
+    over: dict[int, list[bool]] = {4: [], 5: []}
+    for seed in SEEDS:
+        arrivals = adaptive_sim.poisson(300.0, 15.0, random.Random(seed))
+        for limit in over:
+            who = adaptive_sim.Run(f"static {limit}", limit)
+            adaptive_sim.simulate(who, arrivals, [(15.0, 4)], 0.1, noise, seed)
+            over[limit] += [(end - arrival) / 0.1 > 1.5 for arrival, end, _ in who.admitted]
+    share = {limit: sum(values) / len(values) for limit, values in over.items()}
+    assert share[4] < 0.005 and 0.05 < share[5] < 0.15, share
