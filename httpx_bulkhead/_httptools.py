@@ -27,6 +27,10 @@ common shapes.  So:
   no request is outstanding, or the blank lines llhttp skips silently) is *trailing data*:
   the connection is not reused, and a parse error there does not fail our response.
 
+* Errors read as h11's (``_codec.py``, "One message"): a refused request is re-encoded by
+  h11 for its words (only then: the common path pays nothing), and the messages of the
+  response side are h11's texts for the same input.
+
 Bounded memory: the head (``max_head``), and through ``ChunkedDecoder`` an incomplete
 chunk-size line and the trailer section; trailers are validated, then dropped.
 """
@@ -52,6 +56,7 @@ from ._codec import (
     Head,
     Informational,
     LocalCodecError,
+    too_long,
 )
 
 __all__ = ["HttptoolsCodec"]
@@ -145,6 +150,7 @@ class HttptoolsCodec:
         "_parser",
         "_phase",
         "_reason",
+        "_received",
         "_remaining",
         "_request_headers",
         "_target",
@@ -173,13 +179,20 @@ class HttptoolsCodec:
         self._reason = b""
         self._odd_head = False  # a framing header llhttp reads more loosely than h11
         self._te_chunked = False  # ``Transfer-Encoding: chunked`` seen
-        self._framed = False  # ``Content-Length`` seen
+        self._framed = b""  # the ``Content-Length`` value, if one was seen
+        self._received = 0  # body bytes of a length-delimited response (for its error)
         self._keep = True  # False when the response ends the connection
         self._decoder = ChunkedDecoder(max_head)
         self._h11: H11Codec | None = None
 
     # -- request side ------------------------------------------------------------------
     def request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+        try:
+            return self._request(method, target, headers)
+        except LocalCodecError as exc:  # the verdict is ours, the words h11's
+            raise LocalCodecError(_reference_refusal(method, target, headers, exc)) from None
+
+    def _request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
         if self._phase is not _IDLE:
             raise LocalCodecError("the connection cannot take a request now")
         self._mode = _NO_BODY
@@ -249,7 +262,8 @@ class HttptoolsCodec:
         else:
             self._phase = _HEAD
             self._head_bytes = 0
-            self._odd_head = self._te_chunked = self._framed = False
+            self._odd_head = self._te_chunked = False
+            self._framed = b""
         return b"".join(parts)
 
     def data(self, chunk: bytes) -> bytes:
@@ -313,7 +327,7 @@ class HttptoolsCodec:
         elif phase is _TO_H11:
             self._to_h11()
         elif phase is _HEAD and self._head_bytes > self._max_head:
-            raise CodecError("response head too long")
+            raise CodecError(too_long(True, self._max_head))
 
     def _parse_failed(self, exc: Exception) -> None:
         phase = self._phase
@@ -392,17 +406,24 @@ class HttptoolsCodec:
                 return
         elif phase is _BODY:
             if self._framed:
-                self._events.append(_Fail("peer closed connection without sending complete body"))
+                self._events.append(_Fail(self._short_body()))
             else:  # delimited by the close (RFC 9112 §6.3): complete
                 self._events.append(END)
                 self._phase = _DONE
                 self._keep = False
         elif phase is _CHUNKED:
-            self._events.append(_Fail("peer closed connection within a chunked body"))
+            self._events.append(_Fail(self._decoder.eof_message()))
         if self._phase is not _DONE:
             self._phase = _CLOSED
         else:
             self._keep = False
+
+    def _short_body(self) -> str:
+        """h11's words for a length-delimited body cut by the end of the stream."""
+        return (
+            "peer closed connection without sending complete message body"
+            f" (received {self._received} bytes, expected {int(self._framed)})"
+        )
 
     def next_event(self) -> Event:
         if self._events:  # never in the H11 phase
@@ -483,7 +504,7 @@ class HttptoolsCodec:
         elif lowered == b"content-length":
             if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
                 self._odd_head = True
-            self._framed = True
+            self._framed = value
 
     def on_headers_complete(self) -> None:
         if self._phase is not _HEAD:
@@ -518,10 +539,13 @@ class HttptoolsCodec:
             self._headers = []  # llhttp may go on to the trailers: not for the Head
         else:
             self._phase = _BODY
+            self._received = 0
 
     def on_body(self, body: bytes) -> None:
         if self._phase is _BODY:
-            self._at += len(body)
+            size = len(body)
+            self._at += size
+            self._received += size
             self._events.append(body)
 
     def on_message_complete(self) -> None:
@@ -531,6 +555,19 @@ class HttptoolsCodec:
             self._events.append(END)
         elif phase is _DONE:
             self._trailing = True
+
+
+def _reference_refusal(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], own: LocalCodecError
+) -> str:
+    """The message of a refused request: h11's for the same request, which users read with
+    either codec (both refuse the same requests: ``tests/fuzz``); ours if h11 would send it
+    (a misuse of the codec rather than a bad request)."""
+    try:
+        H11Codec(_MAX_LENGTH_DIGITS).request(method, target, headers)
+    except LocalCodecError as exc:
+        return str(exc)
+    return str(own)
 
 
 def _content_length(value: bytes) -> bytes:
