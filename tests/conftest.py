@@ -89,6 +89,14 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
             await anyio.sleep(0)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test using ``http1_parser`` runs each parser itself: mark it ``explicit_parser``,
+    so a pass under ``HTTPX_BULKHEAD_HTTP1_PARSER`` (``.ci/run``) can leave it out."""
+    for item in items:
+        if "http1_parser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.explicit_parser)
+
+
 def pytest_report_header() -> str:
     """Say up front whether the tests against Node.js's HTTP/2 server will run."""
     from tests.servers.node import REQUIRE_NODE_ENV

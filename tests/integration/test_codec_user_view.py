@@ -44,6 +44,8 @@ from httpx_bulkhead._http11 import MAX_HEAD_SIZE
 from tests.fuzz.strategies import response_wire
 from tests.servers import RawConn, RawServer
 
+pytestmark = pytest.mark.explicit_parser  # both parsers in every test
+
 EXAMPLES = int(os.environ.get("BULKHEAD_CODEC_VIEW_EXAMPLES") or 100)
 PARSERS = ("h11", "httptools")
 TIMEOUT = 5.0  # every response here ends with the server's close: nothing waits for it
