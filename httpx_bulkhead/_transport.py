@@ -86,9 +86,10 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
             several times cheaper per request; ``pip install 'httpx-bulkhead[fast]'``).
             ``None`` (default): the ``HTTPX_BULKHEAD_HTTP1_PARSER`` environment variable
             (``h11`` or ``httptools``; empty means unset), read here, else httptools when
-            it can be imported, else h11.  The choice is the ``http1_parser`` attribute
-            (and a DEBUG line of the ``httpx_bulkhead`` logger).  Both give one verdict
-            on every request and response.
+            it can be imported (0.6 or later, as the ``fast`` extra), else h11.  The
+            choice is the ``http1_parser`` attribute (and a DEBUG line of the
+            ``httpx_bulkhead`` logger).  Both give one verdict on every request and
+            response.
         network: where connections come from; ``None`` (default) means real sockets.
             Tests pass ``httpx_bulkhead.testing.MockNetwork(handler)`` to run every
             compartment rule against an in-memory server.
@@ -102,8 +103,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
     Raises:
         TypeError, ValueError: invalid configuration (the message names the field); an
             unknown ``http1_parser`` or ``HTTPX_BULKHEAD_HTTP1_PARSER`` value, or
-            ``httptools`` asked for when it cannot be imported, is a ``ValueError`` naming
-            the argument or the variable.
+            ``httptools`` asked for when it cannot be imported (or is older than 0.6), is a
+            ``ValueError`` naming the argument or the variable.
         TypeError: used by a synchronous ``httpx.Client`` (``__enter__``,
             ``handle_request``, ``close``); the message says what to use instead.
     """
