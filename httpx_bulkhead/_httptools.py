@@ -28,7 +28,7 @@ common shapes.  So:
   the connection is not reused, and a parse error there does not fail our response.
 
 * Errors read as h11's (``_codec.py``, "One message"): a refused request is re-encoded by
-  h11 for its words (only then: the common path pays nothing), and the messages of the
+  h11 for its words (``_refused``, only then: the common path pays nothing), and the messages of the
   response side are h11's texts for the same input.
 
 Bounded memory: the head (``max_head``), and through ``ChunkedDecoder`` an incomplete
@@ -187,17 +187,13 @@ class HttptoolsCodec:
 
     # -- request side ------------------------------------------------------------------
     def request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
-        try:
-            return self._request(method, target, headers)
-        except LocalCodecError as exc:  # the verdict is ours, the words h11's
-            raise LocalCodecError(_reference_refusal(method, target, headers, exc)) from None
-
-    def _request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+        # Every refusal below is worded by h11 (``_refused``): the verdict is ours, the
+        # words the reference's, and the common path pays nothing for it.
         if self._phase is not _IDLE:
-            raise LocalCodecError("the connection cannot take a request now")
+            raise _refused(method, target, headers, "the connection cannot take a request now")
         self._mode = _NO_BODY
         if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
-            raise LocalCodecError("invalid request line")
+            raise _refused(method, target, headers, "invalid request line")
         parts = [method, b" ", target, b" HTTP/1.1\r\n"]
         length: bytes | None = None
         chunked = expect = close = False
@@ -208,7 +204,7 @@ class HttptoolsCodec:
                 or _BAD_VALUE.search(value)
                 or value.strip(b" \t") != value  # h11: no whitespace at either end
             ):
-                raise LocalCodecError(f"illegal header {name!r}")
+                raise _refused(method, target, headers, f"illegal header {name!r}")
             special = _SPECIAL.get(name.lower())
             if special is None:
                 parts += (name, b": ", value, b"\r\n")
@@ -220,18 +216,25 @@ class HttptoolsCodec:
                     continue
             elif special == _CONTENT_LENGTH:
                 if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
-                    value = _content_length(value)
+                    try:
+                        value = _content_length(value)
+                    except LocalCodecError as exc:
+                        raise _refused(method, target, headers, str(exc)) from None
                 if length is not None:
                     if value != length:
-                        raise LocalCodecError("conflicting Content-Length headers")
+                        raise _refused(
+                            method, target, headers, "conflicting Content-Length headers"
+                        )
                     continue  # a repeated equal value is sent once, as h11 does
                 length = value
             elif special == _TRANSFER_ENCODING:
                 value = value.lower()
                 if value != b"chunked":
-                    raise LocalCodecError("Only Transfer-Encoding: chunked is supported")
+                    raise _refused(
+                        method, target, headers, "Only Transfer-Encoding: chunked is supported"
+                    )
                 if chunked:
-                    raise LocalCodecError("multiple Transfer-Encoding headers")
+                    raise _refused(method, target, headers, "multiple Transfer-Encoding headers")
                 chunked = True
             elif special == _EXPECT:
                 expect = expect or b"100-continue" in _tokens(value)
@@ -239,10 +242,10 @@ class HttptoolsCodec:
                 close = close or b"close" in _tokens(value)
             parts += (name, b": ", value, b"\r\n")
         if hosts != 1:
-            raise LocalCodecError("a request needs exactly one Host header")
+            raise _refused(method, target, headers, "a request needs exactly one Host header")
         if chunked:
             if length is not None:
-                raise LocalCodecError(BOTH_FRAMINGS)
+                raise _refused(method, target, headers, BOTH_FRAMINGS)
             self._mode = _CHUNKED_BODY
         else:
             self._mode = _LENGTH_BODY
@@ -557,17 +560,17 @@ class HttptoolsCodec:
             self._trailing = True
 
 
-def _reference_refusal(
-    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], own: LocalCodecError
-) -> str:
-    """The message of a refused request: h11's for the same request, which users read with
-    either codec (both refuse the same requests: ``tests/fuzz``); ours if h11 would send it
-    (a misuse of the codec rather than a bad request)."""
+def _refused(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], own: str
+) -> LocalCodecError:
+    """The refusal of a request, in h11's words for the same request, which users read
+    with either codec (both refuse the same requests: ``tests/fuzz``); ``own`` if h11
+    would send it (a misuse of the codec rather than a bad request)."""
     try:
         H11Codec(_MAX_LENGTH_DIGITS).request(method, target, headers)
     except LocalCodecError as exc:
-        return str(exc)
-    return str(own)
+        return LocalCodecError(str(exc))
+    return LocalCodecError(own)
 
 
 def _content_length(value: bytes) -> bytes:
