@@ -10,8 +10,9 @@ minute; contestants are interleaved round by round (``interleave``) so drift hit
 * The main metric is client CPU time per request (``time.process_time()`` deltas around a
   batch of requests); requests per second (wall clock) is reported beside it.
 * Contestants (HTTP/1.1): ``httpx-default`` (``httpx.AsyncHTTPTransport``), ``bulkhead``
-  (``BulkheadTransport``, its default h11 codec), ``bulkhead+httptools`` (``BulkheadTransport``
-  with ``http1_parser="httptools"``, the optional fast codec) and ``h11-floor``: h11 driven
+  (``BulkheadTransport`` with ``http1_parser="h11"``, the reference codec),
+  ``bulkhead+httptools`` (``BulkheadTransport`` with ``http1_parser="httptools"``, the
+  default when httptools is installed) and ``h11-floor``: h11 driven
   over a bare asyncio ``Protocol``, one keep-alive connection per worker, the least an
   h11-based client can do; ``httptools-floor``, the same for httptools, and the aiohttp
   clients ``httpx-aiohttp`` and ``aiohttp`` (``contestants.py``, optional packages).
@@ -350,8 +351,9 @@ def bulkhead_transport(
     http2: bool = False,
 ) -> BulkheadTransport:
     """``BulkheadTransport`` with ``max_concurrency`` per compartment (one per origin), the
-    given HTTP/1.1 codec (``None``: the default, h11); with ``http2``, HTTP/2 only (prior
-    knowledge on http://; the stream cap per connection stays the default, 100)."""
+    given HTTP/1.1 codec (``None``: the transport's default, httptools when installed);
+    with ``http2``, HTTP/2 only (prior knowledge on http://; the stream cap per connection
+    stays the default, 100)."""
     policy = Policy(max_concurrency=max_concurrency, idle_timeout=IDLE_SECONDS)
     if http2:
         return BulkheadTransport(
@@ -765,7 +767,7 @@ async def make_driver(
             concurrency if len(urls) == 1 else None, http2=contestant == H2_DEFAULT
         )
     elif contestant == BULKHEAD:
-        transport = bulkhead_transport(concurrency)
+        transport = bulkhead_transport(concurrency, http1_parser="h11")
     elif contestant == HTTPTOOLS:
         transport = bulkhead_transport(concurrency, http1_parser="httptools")
     elif contestant == H2_BULKHEAD:

@@ -13,8 +13,9 @@ Suites (all against httpx's default ``AsyncHTTPTransport`` in the same run, on a
 server on 127.0.0.1; see ``harness.py`` for how things are measured):
 
 overhead   client CPU per request, HTTP/1.1 keep-alive, concurrency 1 and 64, through
-           ``httpx.AsyncClient`` and at the transport level: BulkheadTransport with its
-           default h11 codec and with ``http1_parser="httptools"``, beside a raw h11 floor;
+           ``httpx.AsyncClient`` and at the transport level: BulkheadTransport with
+           ``http1_parser="h11"`` and with ``"httptools"`` (the default when installed),
+           beside a raw h11 floor;
            each contestant on a port of its own, so the server counts its connections;
            beside them the httptools floor, httpx + httpx-aiohttp and aiohttp alone
            (``contestants.py``; a row is left out when its package is missing), and
@@ -296,7 +297,7 @@ async def _scaling_case(
         if contestant == h.DEFAULT:  # one origin: a pool of ``fill``; else unlimited
             transport = h.default_transport(fill)
         else:  # a compartment per origin, ``fill`` or ``concurrency`` connections each
-            parser = "httptools" if contestant == h.HTTPTOOLS else None
+            parser = "httptools" if contestant == h.HTTPTOOLS else "h11"
             transport = h.bulkhead_transport(fill or concurrency, http1_parser=parser)
         drivers.append(h.TransportDriver(contestant, transport, urls))
     row: dict[str, Any] = {
@@ -862,9 +863,10 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "CPU µs/req is client CPU time (`time.process_time()`) per request, the median over"
         " rounds; ratios are medians of same-round CPU ratios (range over rounds). `bulkhead`"
-        " is BulkheadTransport with its default HTTP/1.1 codec (h11), `+httptools` the same"
-        ' with `http1_parser="httptools"`. TCP connections are counted by the server, from'
-        " the transports' making to their closing (warm-up included).",
+        ' is BulkheadTransport with `http1_parser="h11"` (the reference codec), `+httptools`'
+        ' the same with `http1_parser="httptools"`: the default codec, httptools when it is'
+        " installed (issue 18). TCP connections are counted by the server, from the"
+        " transports' making to their closing (warm-up included).",
     ]
     if "overhead" in results:
         parts += ["", "## Overhead (HTTP/1.1 keep-alive, one origin)", ""]

@@ -48,7 +48,9 @@ CONTESTANTS: dict[str, Make] = {
     "httpx default": lambda n: httpx.HTTPTransport(
         limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)
     ),
-    "bulkhead": lambda n: BulkheadHTTPTransport(default=Policy(max_concurrency=n)),
+    "bulkhead": lambda n: BulkheadHTTPTransport(
+        default=Policy(max_concurrency=n), http1_parser="h11"
+    ),
     "bulkhead+httptools": lambda n: BulkheadHTTPTransport(
         default=Policy(max_concurrency=n), http1_parser="httptools"
     ),

@@ -6,8 +6,9 @@ Each target is a same-run, same-round CPU ratio (``paired`` in a row of the ``ov
 
 * transport level, concurrency 1: ``bulkhead / h11-floor`` and ``bulkhead+httptools /
   httptools-floor`` <= 1.25; at concurrency 64, <= 1.4;
-* client level, concurrency 64: ``bulkhead / httpx-aiohttp`` (BulkheadTransport with the
-  default codec inside ``httpx.AsyncClient``, against httpx with the aiohttp transport) <= 1.0.
+* client level, concurrency 64: ``bulkhead+httptools / httpx-aiohttp`` (BulkheadTransport
+  with the default codec, httptools when installed, inside ``httpx.AsyncClient``, against
+  httpx with the aiohttp transport) <= 1.0.
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ TARGETS = (
         1.4,
     ),
     Target(
-        "whole client (default codec) vs httpx + httpx-aiohttp",
+        "whole client (default codec, httptools) vs httpx + httpx-aiohttp",
         "client",
         64,
-        h.BULKHEAD,
+        h.HTTPTOOLS,
         h.HTTPX_AIOHTTP,
         1.0,
     ),

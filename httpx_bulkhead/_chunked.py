@@ -15,6 +15,9 @@ The decoder accepts exactly what h11 accepts, as h11 reads it:
   CRLF, bare LF being accepted as h11 does); a non-empty section is handed to h11 itself
   for validation and then discarded, as the reference codec discards it.
 
+Errors carry h11's messages for the same input (``eof_message`` too), so a user reads the
+same text with either codec; an incomplete line past the limit is ``too_long``'s.
+
 Memory is bounded: the only bytes kept between reads are an incomplete chunk-size line or
 an incomplete trailer section, and those may not grow past ``limit`` (the head limit, the
 same rule as h11's ``max_incomplete_event_size``).  Chunk data is never buffered: every
@@ -29,6 +32,8 @@ from collections import deque
 from typing import Any
 
 import h11
+
+from ._codec import too_long
 
 __all__ = ["ChunkedDecoder", "ChunkedError"]
 
@@ -97,8 +102,11 @@ class ChunkedDecoder:
                         crlf = 2
             elif crlf:
                 got = buf[pos : pos + crlf]
-                if got != _CRLF[2 - crlf :][: len(got)]:
-                    raise ChunkedError(f"malformed chunk footer: {bytes(got)!r}")
+                expected = _CRLF[2 - crlf :]
+                if got != expected[: len(got)]:
+                    raise ChunkedError(
+                        f"malformed chunk footer: {bytearray(got)!r} (expected {expected!r})"
+                    )
                 pos += len(got)
                 crlf -= len(got)
             elif self._trailers:
@@ -116,8 +124,9 @@ class ChunkedDecoder:
                     left = int(line, 16)  # the usual line: hex digits only
                 else:
                     match = _SIZE_LINE.fullmatch(buf, pos, line_end + 2)
-                    if match is None:
-                        raise ChunkedError(f"illegal chunk header: {bytes(line[:40])!r}")
+                    if match is None:  # h11 shows the whole line, CRLF included
+                        header = bytearray(buf[pos : line_end + 2])
+                        raise ChunkedError(f"illegal chunk header: {header!r}")
                     left = int(match[1], 16)
                 pos = line_end + 2
                 if not left:
@@ -150,8 +159,16 @@ class ChunkedDecoder:
             self._buffer = bytearray(buf[pos:])
             self._scanned = max(0, self._scanned - pos)
         if len(self._buffer) > self._limit:
-            what = "trailer section" if self._trailers else "chunk header"
-            raise ChunkedError(f"{what} too long (over {self._limit} bytes)")
+            raise ChunkedError(too_long(False, self._limit))
+
+    def eof_message(self) -> str:
+        """What the end of the stream inside this body is called (h11's words): inside a
+        line (chunk size or trailer), or between the body's parts."""
+        if self._buffer:
+            return "peer unexpectedly closed connection"
+        return (
+            "peer closed connection without sending complete message body (incomplete chunked read)"
+        )
 
 
 def _check_trailers(section: bytes) -> None:
@@ -167,4 +184,4 @@ def _check_trailers(section: bytes) -> None:
             if event is h11.NEED_DATA:  # cannot happen: the section is complete
                 raise ChunkedError("incomplete trailer section")
     except h11.RemoteProtocolError as exc:
-        raise ChunkedError(f"invalid trailer section: {exc}") from exc
+        raise ChunkedError(str(exc)) from exc

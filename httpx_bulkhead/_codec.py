@@ -16,8 +16,8 @@ the request side raises ``LocalCodecError``.
 One verdict
 -----------
 Both codecs must give the same verdict on every input: the same request bytes or the same
-refusal; the same events, body bytes, error (its class, not its text) at the same read, and
-the same reusability.  h11 is the reference.  We are stricter than h11 in one place, in
+refusal; the same events, body bytes, error (with its message: see below) at the same
+read, and the same reusability.  h11 is the reference.  We are stricter than h11 in one place, in
 both codecs: a request carrying both ``Content-Length`` and ``Transfer-Encoding`` is
 refused (RFC 9112 §6.2: a sender MUST NOT send both; h11 sends both and frames by the
 second).  ``tests/fuzz`` checks the agreement on generated requests and responses split
@@ -25,6 +25,14 @@ into random reads; ``tests/unit/test_codec_verdicts.py`` pins each decided shape
 
 Every buffer a peer can grow is bounded by ``max_head``: the head, an incomplete chunk-size
 line and the trailer section (h11's ``max_incomplete_event_size`` is the same number).
+
+One message
+-----------
+What a user reads is the same too: an error's message is h11's words for the same input
+(the fast codec asks h11 for the words of a request it refuses; ``tests/fuzz`` compares the
+messages, ``tests/integration/test_codec_user_view.py`` what reaches the caller), with one
+exception, ``too_long``: past the limit h11 says "Receive buffer too long", which names
+neither the part nor the limit, so both codecs say which part outgrew which limit.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ __all__ = [
     "LocalCodecError",
     "check_parser",
     "make_codec",
+    "too_long",
 ]
 
 #: The HTTP/1.1 parsers a codec can be made with (``http1_parser``).
@@ -164,14 +173,22 @@ def make_codec(name: str, max_head: int) -> Codec:
     raise ValueError(f"http1_parser must be 'h11' or 'httptools', got {name!r}")
 
 
+def too_long(in_head: bool, limit: int) -> str:
+    """The message of a response part that outgrew ``limit`` (``max_head``), both codecs'."""
+    part = "response head" if in_head else "chunk header or trailer section"
+    return f"{part} too long (over {limit} bytes)"
+
+
 class H11Codec:
     """The reference codec, on h11."""
 
-    __slots__ = ("_eof", "_h11")
+    __slots__ = ("_eof", "_h11", "_in_head", "_max_head")
 
     def __init__(self, max_head: int) -> None:
         self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=max_head)
         self._eof = False
+        self._max_head = max_head
+        self._in_head = True  # no final response head yet (only for the limit's message)
 
     def _send(self, event: Any) -> bytes:
         try:
@@ -186,6 +203,7 @@ class H11Codec:
             raise LocalCodecError(str(exc)) from exc
         if _both_framings(headers):  # h11 would send both: we are stricter
             raise LocalCodecError(BOTH_FRAMINGS)
+        self._in_head = True
         return self._send(event)
 
     def data(self, chunk: bytes) -> bytes:
@@ -203,6 +221,8 @@ class H11Codec:
         try:
             event = self._h11.next_event()
         except h11.RemoteProtocolError as exc:
+            if exc.error_status_hint == 431:  # h11's only 431: an event past the limit
+                raise CodecError(too_long(self._in_head, self._max_head)) from exc
             raise CodecError(str(exc) or "protocol error") from exc
         # Exact types, not isinstance: h11's events derive from an ABC, whose isinstance
         # check costs a call each (four events per exchange, up to five checks each), and
@@ -212,6 +232,7 @@ class H11Codec:
             return bytes(cast(h11.Data, event).data)
         if kind is h11.Response:
             head = cast(h11.Response, event)
+            self._in_head = False
             headers = head.headers.raw_items()
             return Head(head.status_code, headers, head.http_version, head.reason)
         if kind is h11.EndOfMessage:

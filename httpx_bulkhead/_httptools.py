@@ -27,6 +27,10 @@ common shapes.  So:
   no request is outstanding, or the blank lines llhttp skips silently) is *trailing data*:
   the connection is not reused, and a parse error there does not fail our response.
 
+* Errors read as h11's (``_codec.py``, "One message"): a refused request is re-encoded by
+  h11 for its words (``_refused``, only then: the common path pays nothing), and the messages of the
+  response side are h11's texts for the same input.
+
 Bounded memory: the head (``max_head``), and through ``ChunkedDecoder`` an incomplete
 chunk-size line and the trailer section; trailers are validated, then dropped.
 """
@@ -52,6 +56,7 @@ from ._codec import (
     Head,
     Informational,
     LocalCodecError,
+    too_long,
 )
 
 __all__ = ["HttptoolsCodec"]
@@ -145,6 +150,7 @@ class HttptoolsCodec:
         "_parser",
         "_phase",
         "_reason",
+        "_received",
         "_remaining",
         "_request_headers",
         "_target",
@@ -173,18 +179,21 @@ class HttptoolsCodec:
         self._reason = b""
         self._odd_head = False  # a framing header llhttp reads more loosely than h11
         self._te_chunked = False  # ``Transfer-Encoding: chunked`` seen
-        self._framed = False  # ``Content-Length`` seen
+        self._framed = b""  # the ``Content-Length`` value, if one was seen
+        self._received = 0  # body bytes of a length-delimited response (for its error)
         self._keep = True  # False when the response ends the connection
         self._decoder = ChunkedDecoder(max_head)
         self._h11: H11Codec | None = None
 
     # -- request side ------------------------------------------------------------------
     def request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+        # Every refusal below is worded by h11 (``_refused``): the verdict is ours, the
+        # words the reference's, and the common path pays nothing for it.
         if self._phase is not _IDLE:
-            raise LocalCodecError("the connection cannot take a request now")
+            raise _refused(method, target, headers, "the connection cannot take a request now")
         self._mode = _NO_BODY
         if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
-            raise LocalCodecError("invalid request line")
+            raise _refused(method, target, headers, "invalid request line")
         parts = [method, b" ", target, b" HTTP/1.1\r\n"]
         length: bytes | None = None
         chunked = expect = close = False
@@ -195,7 +204,7 @@ class HttptoolsCodec:
                 or _BAD_VALUE.search(value)
                 or value.strip(b" \t") != value  # h11: no whitespace at either end
             ):
-                raise LocalCodecError(f"illegal header {name!r}")
+                raise _refused(method, target, headers, f"illegal header {name!r}")
             special = _SPECIAL.get(name.lower())
             if special is None:
                 parts += (name, b": ", value, b"\r\n")
@@ -207,18 +216,25 @@ class HttptoolsCodec:
                     continue
             elif special == _CONTENT_LENGTH:
                 if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
-                    value = _content_length(value)
+                    try:
+                        value = _content_length(value)
+                    except LocalCodecError as exc:
+                        raise _refused(method, target, headers, str(exc)) from None
                 if length is not None:
                     if value != length:
-                        raise LocalCodecError("conflicting Content-Length headers")
+                        raise _refused(
+                            method, target, headers, "conflicting Content-Length headers"
+                        )
                     continue  # a repeated equal value is sent once, as h11 does
                 length = value
             elif special == _TRANSFER_ENCODING:
                 value = value.lower()
                 if value != b"chunked":
-                    raise LocalCodecError("Only Transfer-Encoding: chunked is supported")
+                    raise _refused(
+                        method, target, headers, "Only Transfer-Encoding: chunked is supported"
+                    )
                 if chunked:
-                    raise LocalCodecError("multiple Transfer-Encoding headers")
+                    raise _refused(method, target, headers, "multiple Transfer-Encoding headers")
                 chunked = True
             elif special == _EXPECT:
                 expect = expect or b"100-continue" in _tokens(value)
@@ -226,10 +242,10 @@ class HttptoolsCodec:
                 close = close or b"close" in _tokens(value)
             parts += (name, b": ", value, b"\r\n")
         if hosts != 1:
-            raise LocalCodecError("a request needs exactly one Host header")
+            raise _refused(method, target, headers, "a request needs exactly one Host header")
         if chunked:
             if length is not None:
-                raise LocalCodecError(BOTH_FRAMINGS)
+                raise _refused(method, target, headers, BOTH_FRAMINGS)
             self._mode = _CHUNKED_BODY
         else:
             self._mode = _LENGTH_BODY
@@ -249,7 +265,8 @@ class HttptoolsCodec:
         else:
             self._phase = _HEAD
             self._head_bytes = 0
-            self._odd_head = self._te_chunked = self._framed = False
+            self._odd_head = self._te_chunked = False
+            self._framed = b""
         return b"".join(parts)
 
     def data(self, chunk: bytes) -> bytes:
@@ -313,7 +330,7 @@ class HttptoolsCodec:
         elif phase is _TO_H11:
             self._to_h11()
         elif phase is _HEAD and self._head_bytes > self._max_head:
-            raise CodecError("response head too long")
+            raise CodecError(too_long(True, self._max_head))
 
     def _parse_failed(self, exc: Exception) -> None:
         phase = self._phase
@@ -392,17 +409,24 @@ class HttptoolsCodec:
                 return
         elif phase is _BODY:
             if self._framed:
-                self._events.append(_Fail("peer closed connection without sending complete body"))
+                self._events.append(_Fail(self._short_body()))
             else:  # delimited by the close (RFC 9112 §6.3): complete
                 self._events.append(END)
                 self._phase = _DONE
                 self._keep = False
         elif phase is _CHUNKED:
-            self._events.append(_Fail("peer closed connection within a chunked body"))
+            self._events.append(_Fail(self._decoder.eof_message()))
         if self._phase is not _DONE:
             self._phase = _CLOSED
         else:
             self._keep = False
+
+    def _short_body(self) -> str:
+        """h11's words for a length-delimited body cut by the end of the stream."""
+        return (
+            "peer closed connection without sending complete message body"
+            f" (received {self._received} bytes, expected {int(self._framed)})"
+        )
 
     def next_event(self) -> Event:
         if self._events:  # never in the H11 phase
@@ -483,7 +507,7 @@ class HttptoolsCodec:
         elif lowered == b"content-length":
             if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
                 self._odd_head = True
-            self._framed = True
+            self._framed = value
 
     def on_headers_complete(self) -> None:
         if self._phase is not _HEAD:
@@ -518,10 +542,13 @@ class HttptoolsCodec:
             self._headers = []  # llhttp may go on to the trailers: not for the Head
         else:
             self._phase = _BODY
+            self._received = 0
 
     def on_body(self, body: bytes) -> None:
         if self._phase is _BODY:
-            self._at += len(body)
+            size = len(body)
+            self._at += size
+            self._received += size
             self._events.append(body)
 
     def on_message_complete(self) -> None:
@@ -531,6 +558,19 @@ class HttptoolsCodec:
             self._events.append(END)
         elif phase is _DONE:
             self._trailing = True
+
+
+def _refused(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], own: str
+) -> LocalCodecError:
+    """The refusal of a request, in h11's words for the same request, which users read
+    with either codec (both refuse the same requests: ``tests/fuzz``); ``own`` if h11
+    would send it (a misuse of the codec rather than a bad request)."""
+    try:
+        H11Codec(_MAX_LENGTH_DIGITS).request(method, target, headers)
+    except LocalCodecError as exc:
+        return LocalCodecError(str(exc))
+    return LocalCodecError(own)
 
 
 def _content_length(value: bytes) -> bytes:

@@ -2,7 +2,8 @@
 
 Levels:
 
-* DEBUG, one line per event a person tuning the bulkheads wants to see: a rejection
+* DEBUG, one line per event a person tuning the bulkheads wants to see: a transport made
+  (which HTTP/1.1 parser it runs, and why: ``_parser_choice.py``), a rejection
   (``BulkheadFull``), an acquire timeout, a compartment evicted, a connection closed (with
   its reason), an HTTP/2 replay, a stale keep-alive retry.
 * WARNING, only for what a person must act on: a slot held past ``Policy.leak_threshold``
@@ -10,8 +11,9 @@ Levels:
   advertised.
 * Nothing at INFO, nor anything at all for a request that simply succeeds.
 
-Every record carries ``compartment`` and ``event`` (and ``reason`` where there is one) as
-``extra`` attributes, for structured handlers; the message says the same in words.
+Every record carries ``compartment`` (empty for the transport's own line) and ``event``
+(and ``reason`` where there is one) as ``extra`` attributes, for structured handlers; the
+message says the same in words.
 
 Cost: the events on paths that are not error paths (a connection closed, an eviction) are
 guarded by ``debug()``, one ``isEnabledFor`` check, so a logger at WARNING costs no

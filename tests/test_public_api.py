@@ -177,6 +177,17 @@ def test_bulkhead_transport_is_an_httpx_async_transport() -> None:
     anyio.run(transport.aclose)
 
 
+@pytest.mark.parametrize("cls", [BulkheadTransport, httpx_bulkhead.BulkheadHTTPTransport])
+def test_each_transport_says_which_http1_parser_it_runs(cls: type[Any]) -> None:
+    """``http1_parser`` is a documented read-only attribute of both transports, whose
+    docstring of ``http1_parser=`` states the rule (``tests/unit/test_parser_choice.py``)."""
+    attribute = inspect.getattr_static(cls, "http1_parser")
+    assert isinstance(attribute, property) and attribute.fset is None
+    assert attribute.__doc__ and "httptools" in attribute.__doc__
+    documented = next(c for c in cls.__mro__ if "__init__" in vars(c))  # the Args section
+    assert "HTTPX_BULKHEAD_HTTP1_PARSER" in (documented.__doc__ or "")
+
+
 def test_the_tests_named_in_the_promise_table_exist() -> None:
     """tests/README.md maps the README's guarantees to tests: each one it names exists."""
     tests_dir = Path(__file__).resolve().parent

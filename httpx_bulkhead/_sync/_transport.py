@@ -16,13 +16,13 @@ from typing import NoReturn
 from .. import _threads
 import httpx
 
-from .._codec import check_parser
 from ._compartment import Compartment
 from .._config import DEFAULT_PORTS, Group, HTTPVersions, Origin, Policy
 from .._events import Events, Listener
 from .._exceptions import TransportClosed
 from .._log import log_debug
 from .._blocking import Connector, Network, SocketOption, set_alpn
+from .._parser_choice import choose_parser, log_choice
 from ._proxied import proxy_ssl_context
 from .._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
@@ -35,9 +35,6 @@ __all__ = ["BulkheadHTTPTransport"]
 #: ``DEFAULT_PORTS`` by raw (bytes) scheme, as the URL gives it without decoding.
 _DEFAULT_PORTS = {scheme.encode("ascii"): port for scheme, port in DEFAULT_PORTS.items()}
 _modules = sys.modules
-
-#: The HTTP/1.1 parser used when ``http1_parser`` is not given (the reference, h11).
-DEFAULT_HTTP1_PARSER = "h11"
 
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
@@ -79,9 +76,14 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
             when ``http1=False``.
         retries: connect retries, as for ``httpx.HTTPTransport``.
         local_address, uds, socket_options: as for ``httpx.HTTPTransport``.
-        http1_parser: ``"h11"`` (the default; pure Python, the reference) or
-            ``"httptools"`` (llhttp, several times cheaper per request; needs
-            ``pip install 'httpx-bulkhead[fast]'``).  ``None`` means the default.
+        http1_parser: ``"h11"`` (pure Python, the reference) or ``"httptools"`` (llhttp,
+            several times cheaper per request; ``pip install 'httpx-bulkhead[fast]'``).
+            ``None`` (default): the ``HTTPX_BULKHEAD_HTTP1_PARSER`` environment variable
+            (``h11`` or ``httptools``; empty means unset), read here, else httptools when
+            it can be imported (0.6 or later, as the ``fast`` extra), else h11.  The
+            choice is the ``http1_parser`` attribute (and a DEBUG line of the
+            ``httpx_bulkhead`` logger).  Both give one verdict on every request and
+            response.
         network: where connections come from; ``None`` (default) means real sockets.
             Tests pass ``httpx_bulkhead.testing.MockNetwork(handler)`` to run every
             compartment rule against an in-memory server.
@@ -93,7 +95,10 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
             ``None`` means never evict.
 
     Raises:
-        TypeError, ValueError: invalid configuration (the message names the field).
+        TypeError, ValueError: invalid configuration (the message names the field); an
+            unknown ``http1_parser`` or ``HTTPX_BULKHEAD_HTTP1_PARSER`` value, or
+            ``httptools`` asked for when it cannot be imported (or is older than 0.6), is a
+            ``ValueError`` naming the argument or the variable.
         TypeError: used by a synchronous ``httpx.Client`` (``__enter__``,
             ``handle_request``, ``close``); the message says what to use instead.
     """
@@ -124,8 +129,8 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
         _check(http1, http2, retries, max_default_compartments)
         context = httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
         set_alpn(context, (["h2"] if http2 else []) + (["http/1.1"] if http1 else []))
-        parser = check_parser(DEFAULT_HTTP1_PARSER if http1_parser is None else http1_parser)
-        self._versions = HTTPVersions(http1=http1, http2=http2, http1_parser=parser)
+        choice = choose_parser(http1_parser)
+        self._versions = HTTPVersions(http1=http1, http2=http2, http1_parser=choice.parser)
         proxies = _proxies(proxy, trust_env, uds, network)
         self._connector: Network = network or Connector(
             ssl_context=context,
@@ -151,6 +156,13 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
             uses=lambda compartment: compartment.uses,
         )
         self._closed = False
+        log_choice(type(self).__name__, choice)
+
+    @property
+    def http1_parser(self) -> str:
+        """The HTTP/1.1 parser this transport runs: ``"h11"`` or ``"httptools"`` (see
+        ``http1_parser=``; read-only, fixed at construction)."""
+        return self._versions.http1_parser
 
     def _compartment(self, name: str, policy: Policy) -> Compartment:
         compartment = Compartment(

@@ -904,6 +904,7 @@ def check_clean(row: Row, stats: CompartmentStats) -> None:
         assert getattr(stats, name) == value, (name, getattr(stats, name), value, stats)
 
 
+@pytest.mark.explicit_parser  # h11, the reference (httptools: the test below)
 @pytest.mark.parametrize(("row", "anyio_backend", "flavour"), list(_cases()))
 async def test_fault(row: Row, anyio_backend: str, flavour: Flavour) -> None:
     before = FdSnapshot.take()
@@ -912,6 +913,7 @@ async def test_fault(row: Row, anyio_backend: str, flavour: Flavour) -> None:
     assert_no_fd_growth(before, row.id)
 
 
+@pytest.mark.explicit_parser
 @pytest.mark.parametrize("row", [pytest.param(row, id=row.id) for row in ROWS if not row.http2])
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_fault_with_httptools(row: Row, anyio_backend: str) -> None:

@@ -5,9 +5,12 @@ response yields read by read (events, body bytes, error, reusability).
 A verdict is what the connection driver (``_http11.py``) acts on, normalized where the
 codecs may legitimately differ:
 
-* error *text* differs between parsers: only the fact of an error is recorded;
+* an error is recorded with its text, which users read (h11's words are the reference:
+  ``_codec.py``, "One message"), wherever in the read it is raised (the fast codec may
+  refuse a read in ``feed``, h11 waits for ``next_event``);
 * h11 raises where the fast codec yields ``CLOSED`` (EOF before any response byte): the
-  driver turns both into the same ``RemoteProtocolError``, so both are recorded as an error;
+  driver turns both into the same ``RemoteProtocolError``, so both are recorded as h11's
+  error (``CLOSED_BEFORE_RESPONSE``);
 * body bytes are compared per read, concatenated (the codecs may cut them differently);
 * reusability is what the driver ends up doing: ``reuse()`` and no trailing data (h11 may
   say "reusable" and then report trailing data, which discards the connection just the
@@ -36,6 +39,12 @@ Headers = list[tuple[bytes, bytes]]
 
 #: A roomy limit, so that verdicts do not depend on where each codec checks it.
 MAX_HEAD = 1 << 20
+#: h11's error for an end of stream before any response byte, where the fast codec yields
+#: ``CLOSED``: the driver reports both as "Server disconnected without sending a
+#: response." (``_http11.py``), so both are recorded as this text.
+CLOSED_BEFORE_RESPONSE = (
+    "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE"
+)
 
 
 @dataclass
@@ -81,7 +90,9 @@ def cut(wire: bytes, sizes: Sequence[int]) -> list[bytes]:
 
 
 def encode(codec: Codec, request: Request) -> list[Any]:
-    """What the request side produces, call by call, up to the first refusal."""
+    """What the request side produces, call by call, up to the first refusal (with its
+    message, which the caller reads as ``httpx.LocalProtocolError``; a ``data()`` after
+    ``end()`` is a misuse the driver never makes: its refusal is recorded without it)."""
     out: list[Any] = []
     try:
         out.append(codec.request(request.method, request.target, request.headers))
@@ -91,10 +102,14 @@ def encode(codec: Codec, request: Request) -> list[Any]:
         if request.end:
             out.append(codec.end())
             out.append(("waiting-for-100", codec.waiting_for_continue))
-        if request.extra is not None:
+    except LocalCodecError as exc:
+        out.append(("refused", str(exc)))
+        return out
+    if request.extra is not None:
+        try:
             out.append(codec.data(request.extra))
-    except LocalCodecError:
-        out.append("refused")
+        except LocalCodecError as exc:
+            out.append(("refused", "data() after end()" if request.end else str(exc)))
     return out
 
 
@@ -102,7 +117,7 @@ def exchange(codec: Codec, ex: Exchange) -> tuple[list[Any], bool]:
     """Run one exchange; returns its verdict and whether the connection may be reused."""
     sent = encode(codec, Request(**{**ex.request.__dict__, "end": False, "extra": None}))
     trace: list[Any] = [("request", sent)]
-    if sent[-1] == "refused":
+    if isinstance(sent[-1], tuple) and sent[-1][0] == "refused":
         return trace, False
     ended = False
     reads = [*ex.reads, b""] if ex.eof else list(ex.reads)
@@ -113,8 +128,8 @@ def exchange(codec: Codec, ex: Exchange) -> tuple[list[Any], bool]:
         step: list[Any] = []
         try:  # the fast codec may refuse a read at once; h11 waits for next_event
             codec.feed(data)
-        except CodecError:
-            step.append("error")
+        except CodecError as exc:
+            step.append(("error", str(exc)))
             trace.append((index, step, None))
             return trace, False
         outcome = _drain(codec, step)
@@ -144,8 +159,8 @@ def unsolicited(codec: Codec, data: bytes) -> bool:
 def _end(codec: Codec, trace: list[Any]) -> bool:
     try:
         trace.append(("end", codec.end()))
-    except LocalCodecError:
-        trace.append(("end", "refused"))
+    except LocalCodecError as exc:
+        trace.append(("end", "refused", str(exc)))
         return False
     return True
 
@@ -157,7 +172,8 @@ def _drain(codec: Codec, step: list[Any]) -> str | None:
     while True:
         try:
             event = codec.next_event()
-        except CodecError:
+        except CodecError as exc:
+            step.append(("error", str(exc)))
             outcome = "error"
             break
         if event is NEED_DATA:
@@ -178,12 +194,13 @@ def _drain(codec: Codec, step: list[Any]) -> str | None:
         elif event is PAUSED:
             outcome = "paused"
             break
-        else:  # CLOSED: h11 raises instead
+        else:  # CLOSED: h11 raises instead (the driver says the same for both)
+            step.append(("error", CLOSED_BEFORE_RESPONSE))
             outcome = "error"
             break
     if body:
         step.append(("data", body))
-    if outcome is not None:
+    if outcome is not None and outcome != "error":  # an error is recorded with its text
         step.append(outcome)
     return outcome
 

@@ -174,8 +174,12 @@ async def test_a_successful_request_logs_nothing(
     server: HypercornServer, logs: pytest.LogCaptureFixture
 ) -> None:
     """Nothing at INFO or above, and with a kept-alive connection nothing at all (a
-    connection closed by ``aclose`` is the only DEBUG line)."""
+    connection closed by ``aclose`` is the only DEBUG line), after the one line saying
+    which HTTP/1.1 parser the new transport runs."""
     transport = BulkheadTransport(default=Policy(leak_threshold=5))
+    made = [r for r in logs.records if r.name.startswith("httpx_bulkhead")]
+    assert [getattr(r, "event", None) for r in made] == ["http1_parser"]
+    logs.clear()
     async with transport, httpx.AsyncClient(transport=transport) as client:
         for _ in range(3):
             assert (await client.get(f"{server.url}/")).status_code == 200

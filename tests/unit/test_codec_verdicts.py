@@ -34,8 +34,8 @@ class Sent:
 
 
 def sent(trace: list[Any]) -> Sent:
-    calls = [item for item in trace if not isinstance(item, tuple)]
-    if calls[-1] == "refused":
+    calls = [item for item in trace if not isinstance(item, tuple) or item[0] == "refused"]
+    if isinstance(calls[-1], tuple):  # ("refused", message)
         return Sent(b"".join(calls[:-1]), len(calls) - 1)
     return Sent(b"".join(calls))
 
@@ -146,7 +146,7 @@ class Verdict:
 def verdict_of(trace: list[Any]) -> Verdict:
     steps = trace[-1]
     items = [item for entry in steps if type(entry[0]) is int for item in entry[1]]
-    if "error" in items:
+    if any(item[0] == "error" for item in items):  # ("error", message)
         return Verdict(error=True, reusable=False)
     head = next(item for item in items if item[0] == "head")
     body = b"".join(item[1] for item in items if item[0] == "data")
