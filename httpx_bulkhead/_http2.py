@@ -452,6 +452,12 @@ class HTTP2Connection:
                 self._sleepers[sleeper] = None
                 try:
                     await sleeper.wakeup.wait()
+                except BaseException:
+                    # Cancelled or interrupted, perhaps just as the reader role was handed
+                    # to us: hand it on, or the other sleepers would wait for nobody.
+                    self._sleepers.pop(sleeper, None)
+                    self._hand_on()
+                    raise
                 finally:
                     self._sleepers.pop(sleeper, None)
                     sleeper.wakeup = None
@@ -459,9 +465,13 @@ class HTTP2Connection:
             try:
                 await self._read_once()
             finally:
-                if self._sleepers:  # hand the reader role on
-                    first, _ = self._sleepers.popitem(last=False)
-                    first.wake()
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Wake the longest-waiting sleeper to take the reader role, if nobody reads."""
+        if not self._reading and self._sleepers:
+            first, _ = self._sleepers.popitem(last=False)
+            first.wake()
 
     # unasync: skip
     async def wait_timed(self, stream: H2Stream, timeout: float | None) -> None:
@@ -495,9 +505,7 @@ class HTTP2Connection:
                     # Timed out or cancelled, perhaps just as the reader role was handed
                     # to us: hand it on, or the other sleepers would wait for nobody.
                     self._sleepers.pop(stream, None)
-                    if not self._reading and self._sleepers:
-                        first, _ = self._sleepers.popitem(last=False)
-                        first.wake()
+                    self._hand_on()
                     raise
                 finally:
                     self._sleepers.pop(stream, None)
@@ -508,9 +516,7 @@ class HTTP2Connection:
             try:
                 await self._read_once(left, timed_out_breaks=False)
             finally:
-                if self._sleepers:  # hand the reader role on
-                    first, _ = self._sleepers.popitem(last=False)
-                    first.wake()
+                self._hand_on()
 
     # unasync: end
     async def _read_once(

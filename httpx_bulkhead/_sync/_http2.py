@@ -399,6 +399,12 @@ class HTTP2Connection:
                 self._sleepers[sleeper] = None
                 try:
                     sleeper.wakeup.wait()
+                except BaseException:
+                    # Cancelled or interrupted, perhaps just as the reader role was handed
+                    # to us: hand it on, or the other sleepers would wait for nobody.
+                    self._sleepers.pop(sleeper, None)
+                    self._hand_on()
+                    raise
                 finally:
                     self._sleepers.pop(sleeper, None)
                     sleeper.wakeup = None
@@ -406,9 +412,13 @@ class HTTP2Connection:
             try:
                 self._read_once()
             finally:
-                if self._sleepers:  # hand the reader role on
-                    first, _ = self._sleepers.popitem(last=False)
-                    first.wake()
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Wake the longest-waiting sleeper to take the reader role, if nobody reads."""
+        if not self._reading and self._sleepers:
+            first, _ = self._sleepers.popitem(last=False)
+            first.wake()
 
     def _read_once(
         self, timeout: float | None = None, *, timed_out_breaks: bool = True
