@@ -213,9 +213,11 @@ async def test_h1_answer_before_the_request_is_read(size: int) -> None:
                 for _ in range(3):
                     response = await client.post(srv.url, content=b"b" * size)
                     assert (response.status_code, response.content) == (413, b"early")
+                    streamed = await client.post(srv.url, content=_Upload(size))
+                    assert (streamed.status_code, streamed.content) == (413, b"early")
+                assert (await client.post(srv.url, content=b"x")).status_code == 413
             s = transport.statistics()[srv.url]
-            # the whole request was sent: the connection stays good
-            assert (s.connections_created, s.running, s.failed) == (1, 0, 0), s
+            assert (s.running, s.failed, s.completed) == (0, 0, 7), s
         await transport.aclose()
     await settle_io()
     assert_no_fd_growth(before, "early answers")
@@ -372,3 +374,55 @@ async def test_h2_write_back_pressure_with_streams_cancelled_meanwhile(seed: int
     await settle_io()
     gc.collect()
     assert_no_fd_growth(before, "back-pressure")
+
+
+# -- HTTP/2: a PING flood, then GOAWAY, while streams wait for their responses ------------
+
+PING_FLOOD = 500
+
+
+async def test_h2_ping_flood_and_goaway_while_streams_wait() -> None:
+    gc.collect()
+    before = FdSnapshot.take()
+    ping = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"p" * 8  # PING, stream 0
+    with H2ScriptServer(max_streams=100) as srv:
+        transport = BulkheadTransport(
+            default=Policy(max_concurrency=16, max_connections=1),
+            http1=False,
+            http2=True,
+            trust_env=False,
+        )
+        outcomes: dict[int, object] = {}
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+            async def call(i: int) -> None:
+                try:
+                    response = await client.get(f"{srv.url}/hold/flood")
+                    outcomes[i] = response.status_code
+                except httpx.HTTPError as exc:
+                    outcomes[i] = exc
+
+            with anyio.fail_after(HANG):
+                assert (await client.get(f"{srv.url}/")).status_code == 200  # stream 1
+                async with anyio.create_task_group() as tg:
+                    for i in range(10):  # streams 3..21
+                        tg.start_soon(call, i)
+                    await srv.until_held("flood", 10)
+                    srv.send_raw(ping * PING_FLOOD)
+                    srv.goaway_now(last_stream_id=11)  # 3..11 kept, 13..21 never processed
+                    await srv.until_event("goaway-sent")
+                    srv.release("flood")
+                after = await client.get(f"{srv.url}/")
+            assert after.status_code == 200
+            # kept streams are answered; the others are retried on a new connection
+            # (never processed: safe to send again) and answered there
+            assert sorted(outcomes) == list(range(10))
+            assert all(o == 200 for o in outcomes.values()), outcomes
+            s = transport.statistics()[srv.url]
+            assert (s.running, s.open_streams, s.failed, s.goaways) == (0, 0, 0, 1), s
+            assert (s.connections_created, s.replays) == (2, 5), s
+            assert s.acquired == s.completed + s.cancelled, s
+        await transport.aclose()
+    await settle_io()
+    gc.collect()
+    assert_no_fd_growth(before, "ping flood and goaway")
