@@ -41,7 +41,7 @@ pytestmark = pytest.mark.anyio
 
 ROUNDS = int(os.environ.get("H2_HANDOVER_ROUNDS", "12"))
 #: ``b``'s read timeout: answered at once when somebody reads, this long when nobody does.
-B_READ_TIMEOUT = 2.0
+B_READ_TIMEOUT = 1.0
 HANG = 30.0
 
 
