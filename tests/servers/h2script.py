@@ -852,6 +852,9 @@ class _Connection:
         rec = self.streams.get(sid)
         if rec is None or rec.outcome != "open" or sid in self.responded:
             return
+        h2_stream = self.h2.streams.get(sid)
+        if h2_stream is None or h2_stream.closed:
+            return  # reset by the client in the same read as its END_STREAM: that event follows
         spec = self.server._take_reset(rec.path)
         if spec is not None:
             if spec.after_headers:
@@ -986,6 +989,9 @@ class _Connection:
     def pump(self) -> None:
         """Send queued bodies as far as the flow-control windows allow."""
         for sid, buf in list(self.sending.items()):
+            h2_stream = self.h2.streams.get(sid)
+            if h2_stream is None or h2_stream.closed:
+                continue  # reset by the client in this read: that event follows
             while buf:
                 n = min(
                     len(buf),
