@@ -9,14 +9,14 @@ sleeper, ``a``; whether ``a`` has already been told it is cancelled depends on w
 two runs first (trio runs a batch of ready tasks in random order).  Then the server answers
 ``b``: it must get its response well within its read timeout.
 
-Under asyncio (``wait_timed``) a sleeper leaving by cancellation hands the role on when
-nobody reads, so either order holds.  Under trio ``wait_until``'s sleeper just leaves: when
-``r`` runs first, its hand-over is spent on ``a``, which is leaving, and ``b`` sleeps with
-nobody reading until its read timeout (``ReadTimeout`` though the server answered it).
-The trio case is a strict xfail for that defect, and so is a window wait under either
-backend (an upload waiting for send window is a ``wait_until`` sleeper under asyncio too;
-there asyncio's FIFO ready queue makes it deterministic), and the sync twin (an interrupt
-pending in the sleeper's thread lands when the hand-over wakes it: deterministic).
+Both waits hand the role on when their sleeper leaves by an exception and nobody reads
+(``wait_timed``, the asyncio response wait, always did; ``wait_until``, used under trio, by
+the sync twin and for window and PING waits on every backend, did not: the hand-over was
+spent on a sleeper that was leaving, and ``b`` slept with nobody reading until its read
+timeout, ``ReadTimeout`` though the server had answered it).  The cases: trio (either order
+of the two cancelled tasks, random per round), the sync twin (an interrupt pending in the
+sleeper's thread lands when the hand-over wakes it: deterministic), and a window wait (an
+upload waiting for send window; under asyncio its FIFO ready queue makes it deterministic).
 ``ROUNDS`` rounds run in CI (each order comes up with probability 1/2 per round under
 trio); ``H2_HANDOVER_ROUNDS`` runs more.
 """
@@ -45,19 +45,7 @@ B_READ_TIMEOUT = 1.0
 HANG = 30.0
 
 
-@pytest.fixture(
-    params=[
-        "asyncio",
-        pytest.param(
-            "trio",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="wait_until: a sleeper cancelled as the reader role is handed to it "
-                "drops the role; the remaining sleepers wait for nobody until their timeout",
-            ),
-        ),
-    ]
-)
+@pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -155,11 +143,6 @@ def _until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.001)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sync wait_until: a sleeper interrupted as the reader role is handed to it drops "
-    "the role; the remaining sleepers wait for nobody until their timeout",
-)
 def test_sync_sleeper_interrupted_by_the_hand_over_passes_the_role_on() -> None:
     # An interrupt raised in a thread blocked in C waits for the thread to run Python code:
     # set while ``a`` sleeps, it lands exactly when the reader's hand-over wakes ``a``.
@@ -204,11 +187,6 @@ def test_sync_sleeper_interrupted_by_the_hand_over_passes_the_role_on() -> None:
 # -- asyncio too: a wait for send window is a ``wait_until`` ------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wait_until (window and PING waits, on every backend): a sleeper cancelled as "
-    "the reader role is handed to it drops the role",
-)
 async def test_cancelled_reader_and_window_sleeper_leave_the_role_to_the_next() -> None:
     # ``a`` is an upload waiting for send window (the server never reopens its stream's
     # window), a ``wait_until`` sleeper under asyncio as well.  Cancelling ``r`` first
