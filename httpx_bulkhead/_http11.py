@@ -385,6 +385,8 @@ def _keep_alive_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
                 return _KEEP_ALIVE_PARSED[value]
             except KeyError:
                 pass
+            if len(value) > _KEEP_ALIVE_LONGEST:  # not kept: the cache stays small in bytes
+                return _parse_keep_alive(value)
             if len(_KEEP_ALIVE_PARSED) >= _KEEP_ALIVE_CACHE:
                 _KEEP_ALIVE_PARSED.clear()
             seconds = _KEEP_ALIVE_PARSED[value] = _parse_keep_alive(value)
@@ -407,6 +409,8 @@ def _parse_keep_alive(value: bytes) -> float | None:
 #: ``Keep-Alive`` values already parsed (few distinct ones: one or two per server), bounded.
 _KEEP_ALIVE_PARSED: dict[bytes, float | None] = {}
 _KEEP_ALIVE_CACHE = 64
+#: Longest value kept (a hostile server's 64 KiB values would otherwise pin 4 MiB).
+_KEEP_ALIVE_LONGEST = 64
 #: ``ResponseHead.http_version`` for the versions a codec reports, without a new bytes
 #: object per response.
 _VERSIONS = {b"1.1": b"HTTP/1.1", b"1.0": b"HTTP/1.0"}

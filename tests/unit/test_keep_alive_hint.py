@@ -33,3 +33,13 @@ def test_keep_alive_cache_stays_bounded_and_right_past_its_size() -> None:
         assert _keep_alive_timeout([(b"Keep-Alive", b"timeout=%d" % n)]) == float(n)
         assert len(_KEEP_ALIVE_PARSED) <= _KEEP_ALIVE_CACHE
     assert _keep_alive_timeout([(b"Connection", b"keep-alive")]) is None
+
+
+def test_a_long_value_is_parsed_but_not_kept() -> None:
+    """The cache is bounded in bytes too: a hostile server's long values (up to the 64 KiB
+    head limit each) are parsed every time, never kept (64 of them would pin 4 MiB)."""
+    _KEEP_ALIVE_PARSED.clear()
+    long_value = b"timeout=7, " + b"x" * 60_000
+    assert _keep_alive_timeout([(b"Keep-Alive", long_value)]) == 7.0
+    assert long_value not in _KEEP_ALIVE_PARSED
+    assert sum(len(value) for value in _KEEP_ALIVE_PARSED) <= 64 * 64
