@@ -55,7 +55,6 @@ __all__ = [
     "Head",
     "Informational",
     "LocalCodecError",
-    "check_parser",
     "make_codec",
     "too_long",
 ]
@@ -142,24 +141,6 @@ class Codec(Protocol):
     def has_trailing_data(self) -> bool:
         """Bytes arrived that belong to no request (the connection is not safe to reuse)."""
         ...
-
-
-def check_parser(parser: str) -> str:
-    """``parser`` (an ``http1_parser`` value), checked usable before any codec is made.
-
-    Raises:
-        ValueError: an unknown name, or ``"httptools"`` when it is not installed.
-    """
-    if parser not in PARSERS:
-        raise ValueError(f"http1_parser must be 'h11' or 'httptools', got {parser!r}")
-    if parser == "httptools":
-        try:
-            import httptools  # noqa: F401
-        except ImportError:
-            raise ValueError(
-                "http1_parser='httptools' needs httptools: pip install 'httpx-bulkhead[fast]'"
-            ) from None
-    return parser
 
 
 def make_codec(name: str, max_head: int) -> Codec:

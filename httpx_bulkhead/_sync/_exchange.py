@@ -152,7 +152,7 @@ def run_io(
     try:
         return op(arg, limit)
     except Exception as exc:
-        _fail(exc, by_deadline, phase, request, timeouts)
+        io_failed(exc, by_deadline, phase, request, timeouts)
 
 
 def run_waiting(
@@ -169,7 +169,7 @@ def run_waiting(
         with _threads.fail_after(limit):
             return wait()
     except Exception as exc:
-        _fail(exc, by_deadline, phase, request, timeouts)
+        io_failed(exc, by_deadline, phase, request, timeouts)
 
 
 _DOING: dict[Phase, str] = {
@@ -179,19 +179,15 @@ _DOING: dict[Phase, str] = {
 }
 
 
-def _fail(
+def io_failed(
     exc: Exception, by_deadline: bool, phase: Phase, request: httpx.Request, timeouts: Timeouts
 ) -> NoReturn:
     """Raise the httpx exception for a failed I/O operation (``RequestTimeout`` when the
-    total deadline, not the operation's own timeout, is what passed)."""
+    total deadline, not the operation's own timeout, is what passed).  ``run_io``'s error
+    path, also called by HTTP/1.1, which inlines ``run_io`` on its hot path."""
     if by_deadline and isinstance(exc, TimeoutError):
         raise timeouts.expired(_DOING[phase], request) from exc
     raise_mapped(exc, phase, request)
-
-
-#: ``_fail`` for callers that inline ``run_io`` on their hot path (HTTP/1.1): one await
-#: fewer per read and write.
-io_failed = _fail
 
 
 class Exchange(Protocol):

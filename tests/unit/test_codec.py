@@ -170,7 +170,8 @@ def test_informational_then_final() -> None:
 
 def test_make_codec_refuses_an_unknown_parser_name() -> None:
     """Codecs are validated where they are made: an unknown name is an error, not h11."""
-    from httpx_bulkhead._codec import check_parser, make_codec
+    from httpx_bulkhead._codec import make_codec
+    from httpx_bulkhead._parser_choice import choose_parser
 
     assert isinstance(make_codec("h11", 1024), H11Codec)
     assert isinstance(make_codec("httptools", 1024), HttptoolsCodec)
@@ -178,8 +179,8 @@ def test_make_codec_refuses_an_unknown_parser_name() -> None:
         with pytest.raises(ValueError, match="http1_parser must be 'h11' or 'httptools'"):
             make_codec(name, 1024)
         with pytest.raises(ValueError, match=repr(name)):
-            check_parser(name)
-    assert check_parser("httptools") == "httptools"
+            choose_parser(name)
+    assert choose_parser("httptools").parser == "httptools"
 
 
 def test_request_side_errors_agree() -> None:
