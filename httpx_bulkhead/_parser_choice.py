@@ -65,14 +65,22 @@ class Choice(NamedTuple):
 
 def httptools_unusable() -> str | None:
     """``None`` if httptools can be used, else why not: ``"not installed"`` (its import
-    fails) or ``"0.5.0 is installed"`` (older than ``MIN_HTTPTOOLS``, or no version)."""
+    fails), ``"its import fails: RuntimeError"`` (a broken install counts as absent),
+    ``"0.5.0 is installed"`` (older than ``MIN_HTTPTOOLS``, or no version) or ``"it has no
+    HttpResponseParser"``."""
     try:
         module = importlib.import_module("httptools")
     except ImportError:
         return "not installed"
+    except Exception as exc:  # a broken install counts as absent: h11 is always there
+        return f"its import fails: {type(exc).__name__}"
     version = str(getattr(module, "__version__", "?"))
     numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
-    return None if numbers >= MIN_HTTPTOOLS else f"{version} is installed"
+    if numbers < MIN_HTTPTOOLS:
+        return f"{version} is installed"
+    if not callable(getattr(module, "HttpResponseParser", None)):
+        return "it has no HttpResponseParser"  # (all the codec uses of it)
+    return None
 
 
 def choose_parser(

@@ -15,8 +15,8 @@ Three parts:
 * ``test_broken_httptools_*`` -- a fake ``httptools`` package first on ``sys.path`` in a
   child interpreter: an import that raises something other than ``ImportError``, no
   ``__version__``, a module that claims 0.6 but has no parser.  The module docstring of
-  ``_parser_choice`` promises "a broken install counts as absent"; where it does not, the
-  test is a strict xfail.
+  ``_parser_choice`` promises "a broken install counts as absent" (an import failing with
+  any exception, or no ``HttpResponseParser``: both were strict xfails before the fix).
 """
 
 from __future__ import annotations
@@ -258,12 +258,6 @@ def test_broken_httptools_counts_as_absent(tmp_path: Path, init: str, printed: s
     assert _with_fake_httptools(tmp_path, init) == printed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="httptools_unusable() catches only ImportError: an httptools whose import raises "
-    "anything else (RuntimeError, OSError, SyntaxError) makes the default BulkheadTransport() "
-    "raise it, though h11 is always there and a broken install should count as absent",
-)
 @pytest.mark.parametrize(
     "init",
     [
@@ -311,12 +305,6 @@ _CHILD_REQUEST = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an httptools that imports and says 0.6 but lacks HttpResponseParser is chosen "
-    "(only the version is checked) and every request then raises a raw AttributeError, "
-    "not an httpx error and not a fall-back to h11",
-)
 def test_broken_httptools_without_a_parser(tmp_path: Path) -> None:
     (tmp_path / "httptools").mkdir()
     (tmp_path / "httptools" / "__init__.py").write_text("__version__ = '0.6.0'\n")

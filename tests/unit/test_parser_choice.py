@@ -118,6 +118,7 @@ def test_an_httptools_older_than_the_extra_is_not_usable(
     """The ``[fast]`` extra's floor: httptools 0.5's llhttp leaves obs-fold folded (the
     codec differential tests fail there), and another package may have installed it."""
     stand_in = types.ModuleType("httptools")
+    stand_in.HttpResponseParser = type("HttpResponseParser", (), {})  # type: ignore[attr-defined]
     if version is not None:
         stand_in.__version__ = version  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "httptools", stand_in)
