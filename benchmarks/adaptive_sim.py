@@ -52,7 +52,7 @@ import heapq
 import itertools
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,17 @@ class Run:
     admitted: list[tuple[float, float, int]] = field(default_factory=list)
 
 
+class Timer:
+    """A pending callback of the model's ``call_later``."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class Stalls:
     """The instants our process is descheduled: ``resume(t)`` is when it next runs."""
 
@@ -153,7 +164,7 @@ class Stalls:
 
 
 # Event kinds, in the order they are taken at one instant.
-_PHASE, _DONE, _AT_SERVER, _HEAD, _END, _ARRIVAL = range(6)
+_PHASE, _DONE, _AT_SERVER, _HEAD, _END, _TIMER, _ARRIVAL = range(7)
 
 
 def simulate(
@@ -170,11 +181,6 @@ def simulate(
     stalls = Stalls(noise, total, random.Random(seed * 7919 + 1))
     now = 0.0
     limiter = Limiter(1 if isinstance(who.limit, AdaptiveLimit) else who.limit, 0)
-    controller: AdaptiveController | None = None
-    if isinstance(who.limit, AdaptiveLimit):
-        controller = AdaptiveController(
-            who.limit, limiter.set_limit, lambda: limiter.running, lambda: now, rng
-        )
     events: list[tuple[float, int, int, Any]] = []
     seq = 0
 
@@ -186,6 +192,18 @@ def simulate(
     def ours(t: float) -> float:
         """When our process gets to a step due at ``t``."""
         return stalls.resume(t) + rng.expovariate(1 / noise.jitter)
+
+    def call_later(delay: float, callback: Callable[[], None]) -> Timer:
+        """A timer of our process (``Timers.call_later``): late by a stall and a jitter."""
+        timer = Timer(callback)
+        push(ours(now + delay), _TIMER, timer)
+        return timer
+
+    controller: AdaptiveController | None = None
+    if isinstance(who.limit, AdaptiveLimit):
+        controller = AdaptiveController(
+            who.limit, limiter.set_limit, lambda: limiter.running, lambda: now, rng, call_later
+        )
 
     capacity = phases[0][1]
     busy = 0
@@ -234,6 +252,9 @@ def simulate(
             limiter.release()
             who.calls.append((arrival, now, "ok"))
             who.admitted.append((arrival, now, limit))
+        elif kind == _TIMER:
+            if not payload.cancelled:
+                payload.callback()
         else:  # _PHASE
             capacity = payload
             pump()

@@ -49,48 +49,56 @@ limit is to sit just above ``L*``: every worker busy, a queue of a slot or two.
     load just above the capacity fills a higher limit only at its peaks): by ``GROWTH``
     (1.5; also before the first cut, whose ceiling is 0);
   - beyond and used but not quiet (our own noise, or a queue starting), or quiet
-    (near the ceiling, or not used): by one slot (a multiplicative step near the last
-    queue overshoots into the queue it just left; growth only on quiet windows there
-    keeps the limit from drifting into a queue of a slot).
+    (near the ceiling): by one slot (a multiplicative step near the last queue
+    overshoots into the queue it just left; growth only on quiet windows there keeps the
+    limit from drifting into a queue of a slot), but into *beyond* only on a used window
+    (in a lull of the traffic the limit would drift there unproven, then grow fast).
+  - at small limits (``TEST_BELOW``, 8, and below) near the ceiling, not by windows but by
+    *headroom tests* (below), when a timer can open them (``AdaptiveController`` given
+    ``call_later``, as a transport's are).
 
-  This is what the climb after the capacity rose needs: 4 -> 24 slots (in band) in about 1.5 s
-  in the model (2.1 s before), each step a window of about two round trips, with one
-  window of overshoot (at most ``GROWTH``) cut back at its end.
+  This is what the climb after the capacity rose needs: 4 -> 24 slots (in band) in about
+  1.5 s in the model, each step a window of about two round trips, with one window of
+  overshoot (at most ``GROWTH``) cut back at its end.
 
-So the limit saws between about ``L*`` and ``tolerance * L*`` (the first version settled near
-``tolerance * N``, and a median of a window that had started under a higher
-limit let a queue build before it was seen).  At a small capacity it cannot sit at ``L*``
-for good: a window at ``L* + 1`` is the only way to learn that the capacity rose, and
-testing it less often delays the climb by as much (in the model, doubling the hold
-after each failed test, up to 16 windows, brought phase 2's p99 from 5 s in to 1.50x and
-1.65x of the service time, quiet and loaded, instead of 1.7x and 1.8x, and phase 3's
-goodput to 0.77 and 0.70 of the best static limit's).  What one slot of queue costs there
-is measured (``python -m benchmarks.adaptive_sim --by-limit 2``): at N=4 a static limit of 5
-puts 9% and 11% of the responses above 1.5x the service time (quiet, loaded; 4 puts none),
-so a p99 of 1.5x from 5 s in allows about one request in ten under ``L* + 1``, where this
-algorithm runs a third (34% and 39%, and 4% and 5% under ``L* + 2``, seeds 1-12).  A
-cheaper test of ``L* + 1`` was tried in the model: one slot more for five exchanges, ended
-at once when their mean latency is above the tolerance, the wait before the next doubled
-after each failed one up to eight windows; it brought phase 2's p99 from 5 s in to 1.45x
-and 1.51x, but phase 3's whole-phase goodput to 0.83 and 0.83 (0.91 and 0.90 with the
-windows above), and in one loaded seed a low ``no_load`` sank the limit to 1 in phase 2:
-the climb waits for the next test, and a test's verdict takes a round trip.
-Single-request tests were tried in the model too (below 10 slots no growth by windows;
-every second the limit rises by one until ``k`` exchanges have ended, the exchanges that
-started meanwhile are judged by their highest latency against ``no_load``, and a success
-restarts the fast growth).  The test itself is what costs: with every test failing by
-construction, phase 2's p99 from 5 s in is 1.19x/1.39x (quiet/loaded) for ``k = 1`` (about
-two exchanges per test) and 1.50x/1.52x for ``k = 3`` (about four), against 1.11x/1.27x with
-no test at all.  Its verdict is weak when it is cheap: at ``k = 1`` the highest latency
-tells N=4 from N=24 with 36% false successes at 2% false failures (quiet; 49% and 4%
-loaded), at ``k = 3`` with 2% and 0% (quiet; 9% and 7% loaded).  The best settings gave
-1.52x with phase 3's goodput 0.92 (quiet) but 1.65x and 0.88 loaded (``k = 3``, a success
-on one test), or 1.49x/1.50x with 0.88/0.84 (a success on two tests in a row, one each
-0.8 s).  Opening the slot only when an exchange is due to end (from the starts of those in
-flight and ``no_load``) makes a test nearly free (1.11x/1.28x) and uninformative for the
-same reason: the request the extra slot admits then barely waits at N=4 either.
+So above ``TEST_BELOW`` the limit saws between about ``L*`` and ``tolerance * L*``.  At a
+small capacity a slot of queue is dear: at N=4 a static limit of 5 puts 9% and 11% of the
+responses above 1.5x the service time (quiet, loaded; 4 puts none;
+``python -m benchmarks.adaptive_sim --by-limit 2``), and growth by a window at ``L* + 1``
+ran a third of the time there, so phase 2's p99 from 5 s in was 1.7x-1.9x.
+
+*A headroom test* asks whether one more request would wait, and is timed so that the
+answer is clear and cheap.  In a steady rotation (every slot in use, each end's slot taken
+again at once), the exchanges in flight began at the last ``limit - 1`` ends, so the first
+of them is due to end ``no_load`` after the earliest of those.  If the dependency has no
+worker free, a request sent ``TEST_AIM * no_load`` (a third) before that instant waits that
+long; if it has one, it does not wait.  So at the end of an exchange, with the test armed
+and every slot in use, the algorithm names that instant (``open_at``); the controller sets
+a timer, and at it ``open_test`` raises the limit by one (``applied``; the windows still
+judge ``limit``).  The next end closes the slot again, so exactly one request more is
+admitted; nobody else waits for it, since it takes the worker that frees next, in the
+place of the request that would have.  The exchanges admitted while the slot was open are
+then judged each against ``no_load`` plus half the wait it would have had
+(``TEST_VERDICT``): any above it is a failure; a test whose last request would have waited
+less than ``TEST_INFORMATIVE`` of ``no_load`` (the dependency's own spread, +-10% in the
+lab) says nothing.  Two successes in a row (one can be the spread) double the limit
+(``TEST_GROWTH``) and clear the ceiling, so windows grow it on from there; a failure
+doubles the windows before the next test, up to ``TEST_GAP`` (4), so that at a capacity
+that did not move, tests are a few percent of the requests, each about 1.3x the service
+time.  An end before the instant named (the rotation was not as predicted) or a slot
+nobody took cancels the test; twice in a row, or no verdict for ``TEST_GAP + 2`` windows,
+means the traffic gives tests no chance (a batch of requests at a time, a client that waits
+for all of them), and a quiet window grows the limit by one slot as above.  In the model
+(seeds 1-12, quiet and loaded), phase 2's p99 from 5 s in is now 1.47x and 1.43x on
+average (1.71x and 1.75x with a window at ``L* + 1``), phase 3's goodput 0.91 and 0.90 of
+the best static limit's (0.91 and 0.90).  Earlier attempts, each measured in the model:
+testing ``L* + 1`` by windows less often (p99 1.50x/1.65x, phase 3's goodput 0.77/0.70), a
+slot more for five exchanges (1.45x/1.51x, 0.83/0.83), tests of one or a few requests at
+any instant (their verdict is either weak or dear: 1.49x/1.50x with 0.88/0.84), and a slot
+opened when an exchange was due to end (free, and uninformative for the same reason).
 ``benchmarks/adaptive_sim.py`` models the lab event by event, and
 ``tests/unit/test_adaptive_sim.py`` checks these choices there.
+
 A window with a drop also multiplies the limit by ``backoff``.
 
 ``no_load`` is measured by *probes*, and moves halfway down when two window medians in a
@@ -116,10 +124,12 @@ once per round trip (drops of exchanges that started before the last cut are the
 limit's and are ignored); each other sample adds ``1 / limit`` while at least half the
 slots are in use, about one slot per round trip.
 
-Invariants: ``min_limit <= limit <= max_limit`` after every call; the applied limit is an
-int (the float state rounded down); the algorithms read no clock, do no I/O and keep
-O(window) memory; the controller records each change of the applied limit in a bounded
-history (``HISTORY`` entries).
+Invariants: ``min_limit <= applied <= max_limit`` after every call; the applied limit is an
+int (the float state rounded down, and one slot more while a headroom test is open, from
+``open_test`` to the next end); the algorithms read no clock, do no I/O and keep
+O(window) memory; the controller holds at most one timer (cancelled at the next sample and
+by ``close``) and records each change of the applied limit in a bounded history
+(``HISTORY`` entries).
 """
 
 from __future__ import annotations
@@ -130,7 +140,7 @@ from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import httpx
 
@@ -205,6 +215,27 @@ IN_USE = 0.9
 #: A limit at ``ESCAPE`` times the limit of the last cut and two slots more is past where
 #: the queue was: the capacity has grown, and a quiet window grows it by ``GROWTH``.
 ESCAPE = 1.1
+#: At limits up to this, growth near the last queue is by timed headroom tests, not by
+#: a slot more for a window (a slot of queue is an eighth of the latency and more).
+TEST_BELOW = 8
+#: A test opens ``TEST_AIM * no_load`` before a slot of the dependency is due to free:
+#: the wait of its request if none is free now, enough to tell and cheap to pay (at most
+#: about 1.5x the service time with a spread of +-10%).
+TEST_AIM = 0.33
+#: No test opens less than this share of ``no_load`` before that instant (too cheap to tell).
+TEST_MIN_WAIT = 0.2
+#: A test succeeds when each of its exchanges took at most ``no_load`` and this share of
+#: the wait it would have had with no worker free.
+TEST_VERDICT = 0.5
+#: A test whose last request would have waited less than this share of ``no_load`` tells
+#: nothing (the dependency's own spread hides it).
+TEST_INFORMATIVE = 0.22
+#: Growth after two tests in a row found a slot free.
+TEST_GROWTH = 2.0
+#: Windows between two tests: doubled after each failed one up to this, 1 after a success.
+TEST_GAP = 4
+#: A test whose exchanges have not all ended after this many ``no_load`` is forgotten.
+TEST_EXPIRY = 4.0
 #: Changes of the applied limit kept for ``statistics().limit_history``.
 HISTORY = 256
 
@@ -322,12 +353,17 @@ class Gradient:
     """The latency-gradient algorithm (see the module docstring).  Pure: ``now`` is given."""
 
     __slots__ = (
+        "_armed",
         "_at_min",
         "_below",
         "_calm",
         "_ceiling",
         "_drops",
+        "_ends",
+        "_extra",
+        "_gap",
         "_inflight",
+        "_misses",
         "_next_probe",
         "_opened",
         "_over",
@@ -336,16 +372,35 @@ class Gradient:
         "_rng",
         "_samples",
         "_saved",
+        "_skip",
         "_streak",
+        "_test_at_end",
+        "_test_base",
+        "_test_closed",
+        "_test_due",
+        "_test_expect",
+        "_test_failed",
+        "_test_latest",
+        "_test_opened",
+        "_test_seen",
+        "_timed",
+        "_untested",
         "_used",
+        "_wins",
         "limit",
         "no_load",
+        "open_at",
         "spec",
     )
 
-    def __init__(self, spec: AdaptiveLimit, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, spec: AdaptiveLimit, rng: random.Random | None = None, *, timed: bool = False
+    ) -> None:
         self.spec = spec
         self._rng = rng or random.Random()
+        #: Whether ``open_test`` is called at ``open_at`` (a timer): then growth near the
+        #: last queue at small limits is by headroom tests, else by a slot a window.
+        self._timed = timed
         self.limit = float(spec.initial_limit)
         #: The no-load latency estimate, seconds (``None`` until the first probe ends).
         self.no_load: float | None = None
@@ -364,12 +419,32 @@ class Gradient:
         self._saved = self.limit
         self._probing = False
         self._next_probe = math.inf
+        # The timed headroom test (small limits): armed by a window, open while _extra.
+        self._ends: deque[float] = deque(maxlen=TEST_BELOW + 1)
+        self._armed = False
+        self._extra = 0
+        #: When the headroom test wants its slot opened (``open_test``), or ``None``.
+        self.open_at: float | None = None
+        self._test_base = 0
+        self._test_at_end = False
+        self._test_opened = self._test_due = self._test_latest = 0.0
+        self._test_closed: float | None = None
+        self._test_seen = self._test_expect = self._wins = 0
+        self._test_failed = False
+        self._gap, self._skip = 1, 0  # windows between tests, and left to wait
+        self._untested = 0  # windows without a test's verdict
+        self._misses = 0  # tests in a row since the last verdict that nobody took
         self._start_probe(-math.inf, float(spec.min_limit))  # no estimate yet
 
     @property
-    def applied(self) -> int:
-        """The limit to apply: the state rounded down, within ``[min_limit, max_limit]``."""
+    def _base(self) -> int:
+        """The limit the windows judge: the state rounded down, within the bounds."""
         return _applied(self.spec, self.limit)
+
+    @property
+    def applied(self) -> int:
+        """The limit to apply: ``_base``, and the slot of a headroom test while it is open."""
+        return min(self.spec.max_limit, _applied(self.spec, self.limit) + self._extra)
 
     def update(
         self, now: float, started: float, latency: float, dropped: bool, inflight: int
@@ -377,6 +452,8 @@ class Gradient:
         """Feed one sample (see the module docstring); returns the limit to apply."""
         if started < self._opened:
             return self.applied  # measures a limit no longer in force
+        if not self._probing:
+            self._headroom(now, started, latency, dropped, inflight)
         self._inflight = max(self._inflight, inflight)
         self._used += inflight
         if dropped:
@@ -385,10 +462,10 @@ class Gradient:
             self._samples.append(latency)
         if self._probing:
             # Up to PROBE_SAMPLES, about four round trips of the probe's limit.
-            wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self.applied))
+            wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self._base))
         else:
             wanted = WINDOW_SAMPLES
-        if len(self._samples) + self._drops >= max(wanted, self.applied):
+        if len(self._samples) + self._drops >= max(wanted, self._base):
             self._close_window(now)
         return self.applied
 
@@ -396,7 +473,7 @@ class Gradient:
         samples, drops, inflight = self._samples, self._drops, self._inflight
         used = self._used / max(1, len(samples) + drops)
         self._samples, self._drops, self._inflight, self._used = [], 0, 0, 0
-        before = self.applied
+        before = self._base
         median = _median(samples) if samples else None
         if self._probing:
             self._probing = False
@@ -423,24 +500,32 @@ class Gradient:
                 if self._over >= 2:  # twice in a row since the last cut: not noise
                     cut = min(cut, before - 1.0)
                 self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
-                if self.applied < before:
+                if self._base < before:
                     self._calm = self._over = 0
                     self._ceiling = before
+                    self._gap, self._skip = 1, 0  # (tests again as soon as the hold ends)
             else:
                 self._streak = self._over = 0
                 if inflight * 2 >= before:  # (else the limit is not used: no evidence)
                     self._grow(before, ratio, used)
+                self._untested += 1
+                if before <= TEST_BELOW and self._timed and self._calm > HOLD:
+                    # A slot of queue is dear here: timed tests instead, fewer while they fail.
+                    self._skip -= 1
+                    if self._skip < 0:
+                        self._armed = True
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
-        if self.applied != before:
+        if self._base != before:
             self._opened = now  # exchanges that started before measure another limit
-        self._at_min = self._at_min + 1 if self.applied == spec.min_limit else 0
+            self._end_test()
+        self._at_min = self._at_min + 1 if self._base == spec.min_limit else 0
         stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
-        self._peak = max(self._peak, self.applied)
+        self._peak = max(self._peak, self._base)
         # A fall to half the peak over two windows in a row (one window's latency can be
         # a stall of our own process: a probe then would measure nothing new).
-        fell = self.applied <= self._peak * FALL_TO_PROBE and self._streak >= 2
+        fell = self._base <= self._peak * FALL_TO_PROBE and self._streak >= 2
         if fell and median and self.no_load:
             # At a quarter of the limit that showed the queue (the limit before this cut),
             # and below the concurrency that queue implies.
@@ -460,10 +545,121 @@ class Gradient:
         used = in_use >= IN_USE * before
         if quiet and beyond and used:
             self.limit = max(self.limit * GROWTH, before + 1.0)
-        elif quiet or (beyond and used):  # near the last queue, or not quiet: one slot
+            return
+        if not (quiet or (beyond and used)):
+            return
+        # Near the last queue, or not quiet: one slot.  At small limits the timed tests do
+        # it, unless the traffic gives them no chance (a batch of requests at a time: nobody
+        # takes a slot opened between two batches): no verdict for long, or twice in a row
+        # nobody took the test's slot.
+        if before <= TEST_BELOW and self._timed:
+            if self._untested > TEST_GAP + 1 or self._misses >= 2:
+                self.limit = before + 1.0
+        # Into ``beyond`` only on a window that used the limit: in a lull the limit would
+        # drift there unproven, and then grow fast.
+        elif used or before + 1 < max(self._ceiling * ESCAPE, self._ceiling + 2):
             self.limit = before + 1.0
 
+    def _headroom(
+        self, now: float, started: float, latency: float, dropped: bool, inflight: int
+    ) -> None:
+        """The timed headroom test at a small limit (see the module docstring)."""
+        no_load = self.no_load
+        self._ends.append(now)
+        if no_load is None:
+            return
+        if self._extra:  # the first end since the test opened: it admits nobody more
+            self._extra = 0
+            if inflight > self._test_base:  # the test's request is in flight
+                # (every slot of the base was in use when it opened: those admitted since)
+                self._test_closed = now
+                self._test_expect = inflight - self._test_base + self._test_at_end
+            else:  # no request took the slot in time: no test, the next chance will do
+                self._test_closed = None
+                self._armed = True
+                self._misses += 1
+            return
+        if self._test_closed is not None:
+            if self._test_opened <= started < self._test_closed:
+                # Each exchange the test admitted waits, if no worker was free, until the one
+                # due first ends: judged against no_load plus a share of that wait.
+                due = self._test_due - started
+                self._test_seen += 1
+                self._test_latest = max(self._test_latest, started)
+                if dropped or latency > no_load + TEST_VERDICT * max(0.0, due):
+                    self._test_failed = True
+                if self._test_seen >= self._test_expect:
+                    self._judge(now, no_load)
+            elif now - self._test_closed > TEST_EXPIRY * no_load:
+                self._end_test()  # (its exchanges failed or were cancelled)
+            return
+        if self.open_at is not None:  # an end came first: the rotation was not as predicted
+            self.open_at = None
+            self._misses += 1
+        base = self._base
+        if not self._armed or inflight < base or len(self._ends) < base:
+            return
+        if base >= self.spec.max_limit:
+            return  # (no slot more to open)
+        # In a steady rotation, the earliest of the others in flight began at the end
+        # base - 1 ends before this one (each end's slot was taken again at once): it is
+        # due to end no_load after that, and a request sent before then waits for it if no
+        # worker is free.  The test opens TEST_AIM * no_load before that instant.
+        due = self._ends[-base] + no_load
+        if due - now >= TEST_MIN_WAIT * no_load:
+            self._test_due = due
+            self.open_at = max(now, due - TEST_AIM * no_load)
+            if self.open_at == now:
+                self.open_test(now, base, at_end=True)
+
+    def open_test(self, now: float, inflight: int, *, at_end: bool = False) -> bool:
+        """Open the test's slot at ``open_at`` (``now``; ``inflight``: the slots in use),
+        if it is still due; returns whether ``applied`` changed."""
+        if self.open_at is None or self._extra or self._probing:
+            return False
+        self.open_at = None
+        base, no_load = self._base, self.no_load
+        if no_load is None or inflight < base or self._test_due - now < TEST_MIN_WAIT * no_load:
+            self._misses += 1  # (not saturated now, or the slot due to free came free early)
+            return False
+        self._armed = False
+        self._extra = 1
+        self._test_base, self._test_opened, self._test_at_end = base, now, at_end
+        self._test_seen, self._test_latest, self._test_failed = 0, now, False
+        return True
+
+    def _judge(self, now: float, no_load: float) -> None:
+        """All the exchanges of a test ended: grow, or not."""
+        informative = self._test_due - self._test_latest >= TEST_INFORMATIVE * no_load
+        failed = self._test_failed
+        self._end_test()
+        self._misses = 0
+        if failed or informative:
+            self._untested = 0
+        if failed:
+            self._wins = 0
+            self._gap = min(TEST_GAP, self._gap * 2)
+            self._skip = self._gap - 1
+        elif informative:  # a slot more was free
+            self._wins += 1
+            self._gap, self._skip = 1, 0
+            if self._wins >= 2:  # twice in a row: the capacity grew, grow past it
+                self._wins = 0
+                self.limit = max(self._base * TEST_GROWTH, self._base + 1.0)
+                self._ceiling = 0
+                self._opened = now
+            else:  # once may be the dependency's own spread: test again at once
+                self._armed = True
+        else:  # told nothing: the next chance will do
+            self._armed = True
+
+    def _end_test(self) -> None:
+        self._extra = 0
+        self._test_closed = self.open_at = None
+
     def _start_probe(self, now: float, limit: float | None = None) -> None:
+        self._end_test()
+        self._armed = False
         self._at_min = self._peak = 0
         self._probing = True
         self._saved = self.limit
@@ -513,9 +709,11 @@ def _applied(spec: AdaptiveLimit, limit: float) -> int:
     return min(spec.max_limit, max(spec.min_limit, int(limit)))
 
 
-def make_algorithm(spec: AdaptiveLimit, rng: random.Random | None = None) -> Gradient | AIMD:
-    """The algorithm ``spec`` names, in its initial state."""
-    return Gradient(spec, rng) if spec.algorithm == "gradient" else AIMD(spec)
+def make_algorithm(
+    spec: AdaptiveLimit, rng: random.Random | None = None, *, timed: bool = False
+) -> Gradient | AIMD:
+    """The algorithm ``spec`` names, in its initial state (``timed``: see ``Gradient``)."""
+    return Gradient(spec, rng, timed=timed) if spec.algorithm == "gradient" else AIMD(spec)
 
 
 def _median(values: list[float]) -> float:
@@ -543,9 +741,21 @@ class AdaptiveController:
         running: returns the slots in use now.
         clock: the compartment's clock.
         rng: for the probes' jitter.
+        call_later: ``(delay, callback)``: runs ``callback`` on the loop ``delay`` seconds
+            from now (``Timers.call_later``), for the gradient's headroom tests; ``None``:
+            they open only at the end of an exchange.
     """
 
-    __slots__ = ("_clock", "_running", "_set_limit", "algorithm", "drop_statuses", "history")
+    __slots__ = (
+        "_call_later",
+        "_clock",
+        "_running",
+        "_set_limit",
+        "_timer",
+        "algorithm",
+        "drop_statuses",
+        "history",
+    )
 
     def __init__(
         self,
@@ -554,12 +764,15 @@ class AdaptiveController:
         running: Callable[[], int],
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        call_later: Callable[[float, Callable[[], None]], Cancellable] | None = None,
     ) -> None:
-        self.algorithm = make_algorithm(spec, rng)
+        self.algorithm = make_algorithm(spec, rng, timed=call_later is not None)
         self.drop_statuses = spec.drop_statuses
         self._set_limit = set_limit
         self._running = running
         self._clock = clock
+        self._call_later = call_later
+        self._timer: Cancellable | None = None
         limit = self.algorithm.applied
         set_limit(limit)
         #: ``(clock time, limit)`` at each change of the applied limit, the latest last.
@@ -583,5 +796,34 @@ class AdaptiveController:
         before = algorithm.applied
         limit = algorithm.update(now, started, latency, dropped, self._running())
         if limit != before:
-            self._set_limit(limit)
-            self.history.append((now, limit))
+            self._apply(now, limit)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        open_at = algorithm.open_at if type(algorithm) is Gradient else None
+        if open_at is not None and self._call_later is not None:
+            self._timer = self._call_later(max(0.0, open_at - now), self._open)
+
+    def _open(self) -> None:
+        """The headroom test's instant came (a timer)."""
+        self._timer = None
+        algorithm = self.algorithm
+        if type(algorithm) is Gradient and algorithm.open_test(self._clock(), self._running()):
+            self._apply(self._clock(), algorithm.applied)
+
+    def _apply(self, now: float, limit: int) -> None:
+        self._set_limit(limit)
+        self.history.append((now, limit))
+
+    def close(self) -> None:
+        """No more timers (the transport is closing)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._call_later = None
+
+
+class Cancellable(Protocol):
+    """What ``call_later`` returns (``TimerHandle``)."""
+
+    def cancel(self) -> None: ...

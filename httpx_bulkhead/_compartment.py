@@ -119,7 +119,12 @@ class Compartment:
         if isinstance(policy.max_concurrency, AdaptiveLimit):
             limiter = self.slots.limiter
             self.adaptive = AdaptiveController(
-                policy.max_concurrency, limiter.set_limit, lambda: limiter.running, clock, rng
+                policy.max_concurrency,
+                limiter.set_limit,
+                lambda: limiter.running,
+                clock,
+                rng,
+                timers.call_later,
             )
 
     @property
@@ -315,6 +320,8 @@ class Compartment:
         awaitable finishes closing them).  The router no longer routes to it."""
         self.retired = True
         self.slots.limiter.close()
+        if self.adaptive is not None:
+            self.adaptive.close()
         closing = self.connections.retire()
         # unasync: skip
         if self.fleet is not None:
@@ -325,6 +332,8 @@ class Compartment:
     async def aclose(self) -> None:
         """Wake every waiter with ``TransportClosed`` and close every connection."""
         self.slots.limiter.close()
+        if self.adaptive is not None:
+            self.adaptive.close()
         await self.connections.aclose()
         # unasync: skip
         if self.fleet is not None:

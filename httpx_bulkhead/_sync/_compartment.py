@@ -110,7 +110,12 @@ class Compartment:
         if isinstance(policy.max_concurrency, AdaptiveLimit):
             limiter = self.slots.limiter
             self.adaptive = AdaptiveController(
-                policy.max_concurrency, limiter.set_limit, lambda: limiter.running, clock, rng
+                policy.max_concurrency,
+                limiter.set_limit,
+                lambda: limiter.running,
+                clock,
+                rng,
+                timers.call_later,
             )
 
     @property
@@ -306,12 +311,16 @@ class Compartment:
         finishes closing them).  The router no longer routes to it."""
         self.retired = True
         self.slots.limiter.close()
+        if self.adaptive is not None:
+            self.adaptive.close()
         closing = self.connections.retire()
         return closing
 
     def close(self) -> None:
         """Wake every waiter with ``TransportClosed`` and close every connection."""
         self.slots.limiter.close()
+        if self.adaptive is not None:
+            self.adaptive.close()
         self.connections.close()
 
     def statistics(self) -> CompartmentStats:

@@ -78,14 +78,16 @@ def test_the_climb_after_the_capacity_rose_is_quick(
 def test_at_a_small_capacity_the_limit_rarely_queues_a_slot(
     verdicts: list[list[dict[str, Any]]],
 ) -> None:
-    """Phase 2 (4 workers) from 5 s in: p99 at most 1.76x the service time on average over
-    the seeds (the issue's 1.5x is out of reach: a window at 5 slots, a queue of one, is
-    the only way to learn that the capacity rose, see the module docstring).  The previous
-    release: 1.79x and 1.84x over seeds 1-3 (quiet, loaded); loaded, seeds 1-12, 40% of
-    the requests ran under a limit of 5 and 9% under 6 (now 36% and 4%): a cut aimed at
-    tolerance x 1.05 rounded back to 5, and growth went on in windows not quiet."""
+    """Phase 2 (4 workers) from 5 s in: p99 at most 1.45x the service time on average over
+    the seeds, and within the issue's 1.5x in at least four runs in five: the timed
+    headroom tests learn whether the capacity rose at about 1.3x for the request they
+    admit, instead of a window at 5 slots (see ``_adaptive.py``).  Over seeds 1-12: 1.47x
+    and 1.43x on average (quiet, loaded), two runs in twelve above 1.5x in each (a false
+    success doubles the limit for a window); the previous release, which grew by a window
+    at 5 slots, 1.71x and 1.75x, eleven and twelve in twelve above 1.5x."""
     runs = [run[1] for run in verdicts]
-    assert statistics.mean(v["p99_after_5s_x"] for v in runs) <= 1.76, runs
+    assert statistics.mean(v["p99_after_5s_x"] for v in runs) <= 1.45, runs
+    assert sum(v["p99_after_5s_x"] <= 1.5 for v in runs) >= 0.8 * len(runs), runs
 
 
 @pytest.mark.parametrize("phase", [1, 3])
@@ -136,9 +138,10 @@ def test_one_slot_of_queue_at_a_small_capacity_costs_the_p99(noise: adaptive_sim
     (one slot of queue) puts 5-15% of the responses above 1.5x the service time (the
     queued request waits for the next of four workers to finish, and their ends bunch),
     a limit of 4 almost none.  So a p99 of 1.5x allows only about one request in ten
-    under a limit of 5; the adaptive limit, which learns that the capacity rose only by
-    trying 5, runs about a third there (``python -m benchmarks.adaptive_sim --by-limit
-    2``)."""
+    under a limit of 5; the adaptive limit, when it learned that the capacity rose by
+    windows at 5, ran about a third there (``python -m benchmarks.adaptive_sim --by-limit
+    2``); its headroom tests now admit one request at a time, timed to wait a third of
+    the service time at most."""
     over: dict[int, list[bool]] = {4: [], 5: []}
     for seed in SEEDS:
         arrivals = adaptive_sim.poisson(300.0, 15.0, random.Random(seed))
