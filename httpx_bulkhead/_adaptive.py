@@ -452,8 +452,10 @@ class Gradient:
         """Feed one sample (see the module docstring); returns the limit to apply."""
         if started < self._opened:
             return self.applied  # measures a limit no longer in force
-        if not self._probing:
-            self._headroom(now, started, latency, dropped, inflight)
+        if self._timed and not self._probing:
+            self._ends.append(now)
+            if self.limit < TEST_BELOW + 1 or self._extra or self._test_closed is not None:
+                self._headroom(now, started, latency, dropped, inflight)
         self._inflight = max(self._inflight, inflight)
         self._used += inflight
         if dropped:
@@ -565,7 +567,6 @@ class Gradient:
     ) -> None:
         """The timed headroom test at a small limit (see the module docstring)."""
         no_load = self.no_load
-        self._ends.append(now)
         if no_load is None:
             return
         if self._extra:  # the first end since the test opened: it admits nobody more
