@@ -569,16 +569,8 @@ class Gradient:
         no_load = self.no_load
         if no_load is None:
             return
-        if self._extra:  # the first end since the test opened: it admits nobody more
-            self._extra = 0
-            if inflight > self._test_base:  # the test's request is in flight
-                # (every slot of the base was in use when it opened: those admitted since)
-                self._test_closed = now
-                self._test_expect = inflight - self._test_base + self._test_at_end
-            else:  # no request took the slot in time: no test, the next chance will do
-                self._test_closed = None
-                self._armed = True
-                self._misses += 1
+        if self._extra:
+            self._close_slot(now, inflight)
             return
         if self._test_closed is not None:
             if self._test_opened <= started < self._test_closed:
@@ -612,6 +604,28 @@ class Gradient:
             self.open_at = max(now, due - TEST_AIM * no_load)
             if self.open_at == now:
                 self.open_test(now, base, at_end=True)
+
+    def _close_slot(self, now: float, inflight: int) -> None:
+        """The first end since the test's slot opened (``inflight``: with the ending one)."""
+        self._extra = 0
+        if inflight > self._test_base:  # the test's request is in flight
+            # (every slot of the base was in use when it opened: those admitted since)
+            self._test_closed = now
+            self._test_expect = inflight - self._test_base + self._test_at_end
+        else:  # no request took the slot in time: no test, the next chance will do
+            self._test_closed = None
+            self._armed = True
+            self._misses += 1
+
+    def unfed_end(self, now: float, inflight: int) -> None:
+        """An exchange ended without a sample (cancelled, or failed otherwise than by a
+        drop; ``inflight``: with it): it frees a slot all the same, so it closes a test's
+        slot as an end does, and makes a named instant stale."""
+        if self._extra:
+            self._close_slot(now, inflight)
+        elif self.open_at is not None:
+            self.open_at = None
+            self._misses += 1
 
     def open_test(self, now: float, inflight: int, *, at_end: bool = False) -> bool:
         """Open the test's slot at ``open_at`` (``now``; ``inflight``: the slots in use),
@@ -787,9 +801,26 @@ class AdaptiveController:
         self._feed(started, head_latency, dropped)
 
     def failed(self, started: float, exc: BaseException) -> None:
-        """An exchange failed before its response head: fed only if it is a drop."""
+        """An exchange failed before its response head (or was cancelled): fed only if it
+        is a drop; call before its slot is released."""
         if is_drop(exc):
             self._feed(started, self._clock() - started, True)
+        else:
+            self.unfed()
+
+    def unfed(self) -> None:
+        """An exchange that held a slot ended without a sample; call before its slot is
+        released (a response nobody closed, given back by the garbage collector)."""
+        algorithm = self.algorithm
+        if type(algorithm) is not Gradient:
+            return
+        before = algorithm.applied
+        algorithm.unfed_end(self._clock(), self._running())
+        if algorithm.open_at is None and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if algorithm.applied != before:
+            self._apply(self._clock(), algorithm.applied)
 
     def _feed(self, started: float, latency: float, dropped: bool) -> None:
         now = self._clock()

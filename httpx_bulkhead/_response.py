@@ -147,6 +147,8 @@ class ResponseStream(httpx.AsyncByteStream):
         watch = self._watch
 
         def end() -> Awaitable[None] | None:
+            if compartment.adaptive is not None:  # (no sample: it frees a slot all the same)
+                compartment.adaptive.unfed()
             closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
             if watch is not None:
                 watch.release()

@@ -149,6 +149,8 @@ class ResponseStream(httpx.SyncByteStream):
         watch = self._watch
 
         def end() -> None:
+            if compartment.adaptive is not None:  # (no sample: it frees a slot all the same)
+                compartment.adaptive.unfed()
             closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
             if watch is not None:
                 watch.release()

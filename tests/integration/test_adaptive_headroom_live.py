@@ -100,7 +100,7 @@ async def test_timed_tests_run_find_the_capacity_that_rose_and_leave_no_timer(
     assert any(started < at < started + LOW_PHASE for at in opened), opened
     assert min(low[1:]) <= 5, low  # (after the first probe, at 1 slot)
     assert stats.limit > TEST_BELOW + 4
-    compartment = transport._router.compartments[name]  # type: ignore[union-attr]
+    compartment = transport._router.compartments[name]
     assert compartment.adaptive is not None and compartment.adaptive._timer is None
     if flavour == "sync":
         assert not [t for t in threading.enumerate() if t.name.startswith("httpx_bulkhead")]

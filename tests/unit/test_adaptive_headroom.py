@@ -8,6 +8,7 @@ that frees is taken again at once, and the test's slot is opened exactly at ``op
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
 from collections.abc import Callable
@@ -234,8 +235,10 @@ def test_open_test_declines_when_nothing_is_pending_or_the_slot_freed_early() ->
     assert not algorithm.open_test(open_at + TEST_AIM * SERVICE, 4)
     assert algorithm.applied == 4 and algorithm.open_at is None
     step_until(rotation, lambda: algorithm.open_at is not None)
+    open_at = algorithm.open_at
+    assert open_at is not None
     # Not every slot in use at the instant (the traffic fell): no test either.
-    assert not algorithm.open_test(algorithm.open_at, 3)
+    assert not algorithm.open_test(open_at, 3)
     assert algorithm.applied == 4 and algorithm.open_at is None
 
 
@@ -312,3 +315,33 @@ def test_tests_keep_the_limit_within_its_bounds_whatever_happens(
         limit = algorithm.update(now, now - ago, latency, dropped, inflight)
         assert low <= limit <= high
         assert limit - int(algorithm.limit) in (0, 1) or limit in (low, high)
+
+
+def test_an_exchange_that_ends_unfed_closes_a_tests_slot_too() -> None:
+    """A request cancelled before its head (or failed otherwise than by a timeout) gives
+    no sample but frees a slot: it closes the test's slot as an end does, or the limiter
+    would hand that slot on at one more than the base for as long as ends stay unfed."""
+    spec = AdaptiveLimit(initial_limit=4, probe_interval=None)
+    rotation = Rotation(spec, lambda now: 4, seed=6, controlled=True)
+    controller, algorithm = rotation.controller, rotation.algorithm
+    assert controller is not None
+    rotation.run(3.0)
+    step_until(rotation, lambda: bool(rotation.live_timers()))
+    [timer] = rotation.live_timers()
+    rotation.now = timer.when
+    timer.cancelled = True  # (fired)
+    timer.callback()
+    assert algorithm.applied == 5
+    # The next end is a cancellation: no sample, the slot closes (running still counts it).
+    rotation.running += 1  # (the test's request, admitted)
+    controller.failed(rotation.now - 0.01, asyncio.CancelledError())
+    assert algorithm.applied == 4 and controller.history[-1][1] == 4
+    assert rotation.live_timers() == []
+
+
+def test_an_unfed_end_makes_a_named_instant_stale() -> None:
+    rotation = settled_at(4, seed=7)
+    algorithm = rotation.algorithm
+    step_until(rotation, lambda: algorithm.open_at is not None and algorithm.applied == 4)
+    algorithm.unfed_end(rotation.now, 4)
+    assert algorithm.open_at is None and algorithm.applied == 4
