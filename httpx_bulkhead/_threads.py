@@ -35,6 +35,11 @@ Timers: one thread per transport, started on demand, runs callbacks (idle sweeps
 deadlines, responses the garbage collector freed) under the loop lock.  It exits when
 nothing is scheduled (so an unclosed transport leaves no thread behind once its pool is
 empty) and ``close()`` stops and joins it: no thread of the transport outlives ``close()``.
+Every timer thread is registered before its ``start()`` and stays registered until it has
+left and ended, so ``close()`` joins each one that may still run: the one serving, one an
+interrupt cut off from its starter (an exception landing in ``Thread.start()`` while it
+waits for the new thread, which is then already running), and the ones that left for lack
+of work and are still finishing (several, when work came back in between).
 """
 
 from __future__ import annotations
@@ -416,7 +421,7 @@ class TimerHandle:
 class Timers:
     """A sync transport's loop lock, timers and hand-offs (see the module docstring)."""
 
-    __slots__ = ("_closed", "_cond", "_exiting", "_heap", "_ready", "_seq", "_thread", "lock")
+    __slots__ = ("_closed", "_cond", "_heap", "_ready", "_seq", "_thread", "_threads", "lock")
 
     def __init__(self) -> None:
         self.lock = LoopLock()
@@ -426,10 +431,12 @@ class Timers:
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._ready: deque[TimerHandle] = deque()
         self._seq = itertools.count()
+        #: The thread serving the callbacks (set before it is started).
         self._thread: threading.Thread | None = None
-        # The last thread that left for lack of work: still alive for a moment after
-        # ``_next`` gave up, so ``close()`` joins it too.
-        self._exiting: threading.Thread | None = None
+        #: Every timer thread that may still run, registered before ``start()``: whether it
+        #: has left ``_serve``'s loop.  ``close()`` joins them all; one that has left and
+        #: ended is dropped at the next start.
+        self._threads: dict[threading.Thread, bool] = {}
         self._closed = False
 
     def call_later(self, delay: float, callback: Callback) -> TimerHandle:
@@ -470,36 +477,63 @@ class Timers:
         """Nothing to bind to: every thread may call."""
 
     def close(self) -> None:
-        """Stop: pending callbacks never run; the timer thread is joined."""
+        """Stop: pending callbacks never run; every timer thread is joined (no timeout:
+        each sees ``_closed`` at its next step and leaves)."""
         with self._cond:
             self._closed = True
             self._heap.clear()
             self._ready.clear()
-            threads = [t for t in (self._thread, self._exiting) if t is not None]
+            threads = list(self._threads)  # (none is started once ``_closed`` is set)
             self._cond.notify_all()
-        threads = [t for t in threads if t is not threading.current_thread()]
+        me = threading.current_thread()
+        threads = [t for t in threads if t is not me]
         if threads:
             lock = _held()  # it may be waiting for the loop lock to see that it is closed
             try:
                 if lock is not None:
                     lock.release()
                 for thread in threads:
-                    thread.join()
+                    # ``is_alive()`` is false for a thread not started: one whose
+                    # ``start()`` was interrupted before it launched it (it never runs)
+                    # or, in the few steps between launching it and waiting for it, one
+                    # that has not run yet (it finds ``_closed`` at once and leaves).
+                    if thread.is_alive():
+                        thread.join()
             finally:
                 _reacquire(lock)
 
     # -- internals -----------------------------------------------------------------------
     def _wake(self) -> bool:
-        """(With ``_cond`` held.)  Make the timer thread look again, starting it if need be."""
+        """(With ``_cond`` held.)  Make the timer thread look again, starting it if need be.
+
+        The new thread is registered before ``start()``: an interrupt (``KeyboardInterrupt``,
+        an exception raised in this thread from outside) landing inside ``start()`` most
+        likely lands in its wait for the new thread, which is then running; registered, it
+        is joined by ``close()`` like any other.  Were it known only once ``start()`` had
+        returned, it would serve unknown to ``close()``, which would return while it runs."""
         if self._thread is not None:
             self._cond.notify()
             return True
+        threads = self._threads
+        for old in [t for t, left in threads.items() if left and not t.is_alive()]:
+            del threads[old]  # left and ended: nothing to join
         thread = threading.Thread(target=self._serve, name="httpx_bulkhead timers", daemon=True)
+        threads[thread] = False
+        self._thread = thread
         try:
             thread.start()
-        except RuntimeError:  # interpreter shutting down
+        except RuntimeError:  # interpreter shutting down: no thread was started
+            self._thread = None
+            del threads[thread]
             return False
-        self._thread = thread
+        except BaseException:
+            # Interrupted.  Running (it was being waited for): it serves, and is joined by
+            # ``close()``.  Not started, or not yet: the next call starts another (both
+            # serve: each callback still runs once) and ``close()`` skips a thread that
+            # never started.
+            if not thread.is_alive():
+                self._thread = None
+            raise
         return True
 
     def _next(self) -> TimerHandle | None:
@@ -507,8 +541,7 @@ class Timers:
         with self._cond:
             while True:
                 if self._closed:
-                    self._thread = None
-                    self._exiting = threading.current_thread()
+                    self._leave()
                     return None
                 if self._ready:
                     return self._ready.popleft()
@@ -516,13 +549,20 @@ class Timers:
                 while heap and heap[0][2].cancelled:
                     heapq.heappop(heap)
                 if not heap:
-                    self._thread = None  # idle: the next timer starts a new thread
-                    self._exiting = threading.current_thread()
+                    self._leave()  # idle: the next timer starts a new thread
                     return None
                 delay = heap[0][0] - time.monotonic()
                 if delay <= 0:
                     return heapq.heappop(heap)[2]  # (``_run`` sees a late cancel())
                 self._cond.wait(delay)
+
+    def _leave(self) -> None:
+        """(With ``_cond`` held, in a timer thread that stops serving.)  It stays
+        registered, for ``close()`` to join, until it has ended."""
+        me = threading.current_thread()
+        if self._thread is me:  # (another may serve: one whose starter was interrupted)
+            self._thread = None
+        self._threads[me] = True
 
     def _serve(self) -> None:
         while (handle := self._next()) is not None:

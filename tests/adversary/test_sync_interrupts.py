@@ -5,7 +5,9 @@ threads from outside, at random points of their requests.
 exception raised in a thread with ``PyThreadState_SetAsyncExc`` does the same in any
 thread, so a seeded loop of them stands in for Ctrl-C at every point of a request:
 waiting for a slot, for the loop lock, for a connection, mid-exchange; with a static
-limit and with an adaptive one that 503s move both ways meanwhile.  After each run:
+limit and with an adaptive one that 503s move both ways meanwhile (but not while the
+thread a worker starts does not run yet: CPython 3.11 would raise the exception in that
+new thread instead, see ``interrupt``).  After each run:
 no thread hangs, the transport's counters agree, nothing is left running, waiting or in
 use, the next request succeeds, no thread of the transport outlives ``close()`` and no
 descriptor is left open.
@@ -23,6 +25,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -46,11 +49,54 @@ class Interrupt(Exception):
     """Raised in a worker thread from outside."""
 
 
+#: Held by ``interrupt`` from its look at ``_starting`` to its call, and by a thread
+#: entering ``Thread.start()`` while it adds itself there (see ``interrupt``).
+_guard = threading.Lock()
+#: The threads inside ``Thread.start()`` whose new thread may not run yet.
+_starting: set[int] = set()
+
+
 def interrupt(thread: threading.Thread) -> None:
+    """Raise ``Interrupt`` in ``thread``, unless it is starting a thread that does not run
+    yet.  There, CPython 3.11 misdelivers it: the new thread's state carries its starter's
+    id until the new thread runs, and ``PyThreadState_SetAsyncExc`` raises in the first
+    state with that id, the new one.  The new thread dies at its first step, before it
+    tells ``start()`` it started, and ``start()`` waits for ever (the transport's loop
+    lock held meanwhile: every thread wedged).  Once the new thread runs, the interrupt
+    lands in ``start()`` (its wait) as anywhere else."""
     assert thread.ident is not None
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread.ident), ctypes.py_object(Interrupt)
-    )
+    ident = thread.ident
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    target, exc = ctypes.c_ulong(ident), ctypes.py_object(Interrupt)
+    with _guard:
+        if ident not in _starting:
+            set_async_exc(target, exc)
+
+
+def _guarded_start(start: Callable[[threading.Thread], None]) -> Callable[..., None]:
+    """``Thread.start`` that keeps its caller in ``_starting`` until the new thread runs
+    (it leaves as its first step) or ``start()`` ended without launching it."""
+
+    def guarded(self: threading.Thread) -> None:
+        starter = threading.get_ident()
+        run = self.run
+
+        def running() -> None:
+            _starting.discard(starter)
+            run()
+
+        self.run = running  # type: ignore[method-assign]
+        with _guard:
+            _starting.add(starter)
+        try:
+            start(self)
+        except BaseException:
+            if self.is_alive():  # started: the interrupt was its caller's
+                _starting.discard(starter)
+            raise  # (else launched or not: interrupts wait for ``running``; rare)
+        _starting.discard(starter)
+
+    return guarded
 
 
 def odd_503(conn: RawConn) -> None:
@@ -132,6 +178,7 @@ def test_interrupts_at_random_points_never_wedge_the_sync_transport(
 ) -> None:
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setattr(threading.Thread, "start", _guarded_start(threading.Thread.start))
     gc.collect()
     before = FdSnapshot.take()
     with RawServer(odd_503) as srv:

@@ -52,6 +52,7 @@ import json
 import logging
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -231,14 +232,54 @@ class RequestRecord:
     scheme: str
 
 
+#: A request's TCP connection as the kernel lists it: (server address, client address),
+#: both ``(ip, port)``.
+Endpoints = tuple[tuple[str, int], tuple[str, int]]
+
+
 class _Bucket:
-    __slots__ = ("conns", "current", "max", "total")
+    __slots__ = ("conns", "current", "inside", "max", "total")
 
     def __init__(self) -> None:
         self.current = 0
         self.max = 0
         self.total = 0
         self.conns: set[str] = set()
+        #: The requests inside the app now: a token each, with its connection (if known).
+        self.inside: dict[object, Endpoints | None] = {}
+
+
+def _proc_address(address: tuple[str, int]) -> str:
+    """``(ip, port)`` as ``/proc/net/tcp`` writes it: ``0100007F:1F90``."""
+    ip, port = address
+    (word,) = struct.unpack("=I", socket.inet_aton(ip))  # as the kernel prints it: native
+    return f"{word:08X}:{port:04X}"
+
+
+def _closed_by_client(connections: Iterable[Endpoints]) -> set[Endpoints] | None:
+    """Which of these IPv4 connections (the server's side) are no longer ``ESTABLISHED``
+    in the kernel's table: the client closed it (``CLOSE_WAIT``), or both did.  ``None``
+    where the table cannot be read (not Linux): nothing is known."""
+    wanted = {}
+    for endpoints in connections:
+        try:
+            wanted[(_proc_address(endpoints[0]), _proc_address(endpoints[1]))] = endpoints
+        except (OSError, ValueError, struct.error):  # not IPv4
+            continue
+    if not wanted:
+        return set()
+    try:
+        with open("/proc/net/tcp", encoding="ascii") as table:
+            rows = table.read().splitlines()[1:]
+    except OSError:
+        return None
+    established = set()
+    for row in rows:
+        fields = row.split()
+        key = (fields[1], fields[2])
+        if fields[3] == "01" and key in wanted:  # 01: TCP_ESTABLISHED
+            established.add(wanted[key])
+    return set(wanted.values()) - established
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -258,6 +299,16 @@ class TestApp:
     a complete response, ``current()`` no longer counts it. A request whose client
     disconnects while parked leaves when the handler notices; use
     :meth:`wait_current` / :meth:`until_current` to synchronise on that.
+
+    ``max_concurrent()`` counts what a client-side limit bounds: at each request's
+    arrival, the requests inside whose connection the client has not closed.  A client
+    that cancels a request closes its connection (HTTP/1.1) before it lets another
+    request go, but the handler notices the disconnect later, in the server's own time
+    (and a request read from a connection already closed is dispatched all the same):
+    counting handlers alone would charge the client for the server's lag.  The kernel's
+    connection table (``/proc/net/tcp``, read at the arrival) says which connections
+    the client has closed; where it cannot be read, every handler counts.  (A stream
+    reset over HTTP/2 leaves its connection open: it counts until its handler leaves.)
 
     All accessors are thread-safe.
     """
@@ -294,7 +345,8 @@ class TestApp:
             return b.current if b else 0
 
     def max_concurrent(self, bucket: str) -> int:
-        """Highest number of ``bucket`` requests simultaneously inside the app."""
+        """Highest number of ``bucket`` requests simultaneously inside the app whose
+        client had not closed their connection (see the class docstring)."""
         with self._cond:
             b = self._buckets.get(bucket)
             return b.max if b else 0
@@ -346,23 +398,34 @@ class TestApp:
 
     # ---- accounting
 
-    def _enter(self, record: RequestRecord) -> None:
+    def _enter(self, record: RequestRecord, token: object, endpoints: Endpoints | None) -> None:
         with self._cond:
             b = self._buckets.get(record.bucket)
             if b is None:
                 b = self._buckets[record.bucket] = _Bucket()
             b.current += 1
             b.total += 1
-            b.max = max(b.max, b.current)
+            b.inside[token] = endpoints
+            if b.current > b.max:  # (no higher count is possible otherwise)
+                b.max = max(b.max, self._in_flight(b))
             b.conns.add(record.conn)
             self._records.append(record)
             self._cond.notify_all()
 
-    def _leave(self, bucket: str) -> None:
+    @staticmethod
+    def _in_flight(b: _Bucket) -> int:
+        """The requests inside whose client has not closed their connection."""
+        closed = _closed_by_client({e for e in b.inside.values() if e is not None})
+        if not closed:
+            return b.current
+        return sum(1 for e in b.inside.values() if e not in closed)
+
+    def _leave(self, bucket: str, token: object) -> None:
         with self._cond:
             b = self._buckets.get(bucket)
             if b is not None and b.current > 0:  # may have been reset() meanwhile
                 b.current -= 1
+                b.inside.pop(token, None)
             self._cond.notify_all()
 
     # ---- ASGI
@@ -376,6 +439,10 @@ class TestApp:
 
         client = scope.get("client")
         conn = f"{client[0]}:{client[1]}" if client else "unknown"
+        server = scope.get("server")
+        endpoints: Endpoints | None = None
+        if client and server and server[1] is not None:
+            endpoints = ((server[0], int(server[1])), (client[0], int(client[1])))
         bucket = _header(scope, b"x-bucket") or _header(scope, b"host") or ""
         record = RequestRecord(
             method=scope["method"],
@@ -386,19 +453,20 @@ class TestApp:
             scheme=scope["scheme"],
         )
         left = False
+        token = object()
 
         def leave() -> None:
             nonlocal left
             if not left:
                 left = True
-                self._leave(bucket)
+                self._leave(bucket, token)
 
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 leave()
             await send(message)
 
-        self._enter(record)
+        self._enter(record, token, endpoints)
         try:
             await self._route(scope, receive, counted_send, record)
         finally:

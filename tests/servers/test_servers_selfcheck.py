@@ -3,13 +3,15 @@ its default transport as clients (never httpx_bulkhead)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -226,6 +228,78 @@ async def test_gate_async_and_abandon(server: HypercornServer, app: TestApp) -> 
     assert result == [b"released:g2"]
     with pytest.raises(TimeoutError):
         gate.wait_entered(5, timeout=0.01)
+
+
+def test_max_concurrent_leaves_out_a_request_whose_client_closed_its_connection() -> None:
+    """``max_concurrent`` counts, at each arrival, the requests inside whose client has
+    not closed its connection: a handler still parked after its client hung up is the
+    server's lag, not the client's concurrency; a request whose client is connected
+    counts, parked or not.  Driven through the ASGI app with real TCP connections (the
+    kernel's table says which ones the client closed) and a ``receive`` that never
+    reports the disconnect, as a server slow to notice it does not."""
+    app = TestApp()
+    gate = app.gate("lag")
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections: list[tuple[socket.socket, socket.socket]] = []
+
+    def connection() -> tuple[socket.socket, socket.socket]:
+        client = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+        server_side, _ = listener.accept()
+        connections.append((client, server_side))
+        return client, server_side
+
+    async def main() -> None:
+        never = asyncio.Event()
+
+        def request(server_side: socket.socket) -> Coroutine[Any, Any, None]:
+            messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+            async def receive() -> dict[str, Any]:
+                if messages:
+                    return messages.pop()
+                await never.wait()  # the disconnect is never reported
+                raise AssertionError
+
+            async def send(message: Any) -> None:
+                pass
+
+            scope = {
+                "type": "http",
+                "http_version": "1.1",
+                "scheme": "http",
+                "method": "GET",
+                "path": "/gate/lag",
+                "headers": [(b"x-bucket", b"lag")],
+                "client": server_side.getpeername(),
+                "server": server_side.getsockname(),
+            }
+            return app(scope, receive, send)
+
+        tasks = []
+        try:
+            client, server_side = connection()
+            tasks.append(asyncio.ensure_future(request(server_side)))
+            await gate.until_entered(1)
+            client.close()  # hung up; its handler stays parked
+            server_side.settimeout(TIMEOUT)
+            assert server_side.recv(1) == b""  # the kernel has seen it closed
+            for entered in (2, 3):
+                tasks.append(asyncio.ensure_future(request(connection()[1])))
+                await gate.until_entered(entered)
+            assert app.current("lag") == 3  # three handlers inside...
+            assert app.max_concurrent("lag") == 2  # ...two of them with a client
+        finally:
+            gate.open()
+            never.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), TIMEOUT)
+
+    try:
+        asyncio.run(main())
+    finally:
+        listener.close()
+        for client, server_side in connections:
+            client.close()
+            server_side.close()
 
 
 # ------------------------------------------------------------------ RawServer
