@@ -155,13 +155,15 @@ class Compartment:
                 request, origin, timeouts, acquire_deadline, timeout.get("connect")
             )
         except BaseException as exc:
-            if isinstance(exc, AcquireTimeout):
-                self._waited(self._clock() - started, None)
-            if self.adaptive is not None:
-                self.adaptive.failed(started + waited, exc)
-            self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
-            if watch is not None:
-                watch.release()
+            try:  # (an interrupt landing in the bookkeeping must not keep the slot)
+                if isinstance(exc, AcquireTimeout):
+                    self._waited(self._clock() - started, None)
+                if self.adaptive is not None:
+                    self.adaptive.failed(started + waited, exc)
+            finally:
+                self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
+                if watch is not None:
+                    watch.release()
             raise
         stream = ResponseStream(self, lease, exchange, request, timeouts, watch)
         if self.adaptive is not None:  # the sample: from sent (after our queues) to the head

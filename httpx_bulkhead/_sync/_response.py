@@ -149,9 +149,11 @@ class ResponseStream(httpx.SyncByteStream):
         watch = self._watch
 
         def end() -> None:
-            if compartment.adaptive is not None:  # (no sample: it frees a slot all the same)
-                compartment.adaptive.unfed()
-            closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
+            try:
+                if compartment.adaptive is not None:  # (no sample: it frees a slot all the same)
+                    compartment.adaptive.unfed()
+            finally:
+                closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
             if watch is not None:
                 watch.release()
             return closing
@@ -187,11 +189,13 @@ class ResponseStream(httpx.SyncByteStream):
                 outcome = FAILED
             else:
                 outcome = CANCELLED
-            if self.adaptive_sample is not None:
-                self._feed_adaptive(exc)
-            self._compartment.release(outcome)
-            if self._watch is not None:
-                self._watch.release()
+            try:  # (an interrupt landing in the sample's feed must not keep the slot)
+                if self.adaptive_sample is not None:
+                    self._feed_adaptive(exc)
+            finally:
+                self._compartment.release(outcome)
+                if self._watch is not None:
+                    self._watch.release()
 
     def _feed_adaptive(self, exc: BaseException | None) -> None:
         sample, adaptive = self.adaptive_sample, self._compartment.adaptive
