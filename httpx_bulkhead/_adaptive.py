@@ -360,7 +360,9 @@ class Gradient:
         "_ceiling",
         "_drops",
         "_ends",
+        "_doubled",
         "_extra",
+        "_fail_base",
         "_gap",
         "_inflight",
         "_misses",
@@ -373,6 +375,7 @@ class Gradient:
         "_samples",
         "_saved",
         "_skip",
+        "_steady",
         "_streak",
         "_test_at_end",
         "_test_base",
@@ -416,6 +419,7 @@ class Gradient:
         self._ceiling = 0  # the limit at the last cut
         self._over = 0  # windows in a row above the tolerance since the last cut
         self._streak = 0  # windows in a row above the tolerance
+        self._steady = 0  # windows in a row that found the limit in use and without a queue
         self._saved = self.limit
         self._probing = False
         self._next_probe = math.inf
@@ -434,6 +438,8 @@ class Gradient:
         self._gap, self._skip = 1, 0  # windows between tests, and left to wait
         self._untested = 0  # windows without a test's verdict
         self._misses = 0  # tests in a row since the last verdict that nobody took
+        self._fail_base = 0  # the base of the last informative test that failed (0: none)
+        self._doubled = 0  # the limit a test's doubling set, until a window confirmed it
         self._start_probe(-math.inf, float(spec.min_limit))  # no estimate yet
 
     @property
@@ -495,7 +501,20 @@ class Gradient:
                 self.no_load = (self.no_load + max(median, self._below)) / 2
                 self._below = None
             ratio = median / self.no_load
-            if ratio > spec.tolerance:  # a queue: cut to the concurrency it implies
+            # At a small limit a cut is a slot at least, and only tests win it back: one
+            # window over the tolerance after more than HOLD that found this limit without
+            # a queue is our own stall as often as not (a queue shows in every window).
+            lone = (
+                ratio > spec.tolerance
+                and before <= TEST_BELOW
+                and self._timed
+                and self._streak == 0
+                and self._steady > HOLD
+            )
+            if lone:  # counts as a first window over, as one too close to move the limit
+                self._over += 1
+                self._streak += 1
+            elif ratio > spec.tolerance:  # a queue: cut to the concurrency it implies
                 self._over += 1
                 self._streak += 1
                 cut = before * spec.tolerance * CUT_AIM / ratio
@@ -519,12 +538,23 @@ class Gradient:
         if drops:
             self.limit *= spec.backoff
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
+        confirmed = (  # the window found the limit it judged in use and without a queue
+            median is not None
+            and self.no_load is not None
+            and median <= self.no_load * spec.tolerance
+            and used >= IN_USE * before
+        )
+        self._steady = self._steady + 1 if confirmed else 0
+        if confirmed and before == self._doubled:
+            self._doubled = 0
         if self._base != before:
+            self._steady = 0
             self._opened = now  # exchanges that started before measure another limit
             self._end_test()
         self._at_min = self._at_min + 1 if self._base == spec.min_limit else 0
         stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
-        self._peak = max(self._peak, self._base)
+        if self._base != self._doubled:  # (a test's doubling, once a window confirmed it)
+            self._peak = max(self._peak, self._base)
         # A fall to half the peak over two windows in a row (one window's latency can be
         # a stall of our own process: a probe then would measure nothing new).
         fell = self._base <= self._peak * FALL_TO_PROBE and self._streak >= 2
@@ -652,7 +682,9 @@ class Gradient:
         if failed or informative:
             self._untested = 0
         if failed:
-            self._wins = 0
+            if informative:  # (a failure too small to tell is our noise as often as not)
+                self._wins = 0
+                self._fail_base = self._base
             self._gap = min(TEST_GAP, self._gap * 2)
             self._skip = self._gap - 1
         elif informative:  # a slot more was free
@@ -660,8 +692,16 @@ class Gradient:
             self._gap, self._skip = 1, 0
             if self._wins >= 2:  # twice in a row: the capacity grew, grow past it
                 self._wins = 0
-                self.limit = max(self._base * TEST_GROWTH, self._base + 1.0)
-                self._ceiling = 0
+                base = self._base
+                self.limit = max(base * TEST_GROWTH, base + 1.0)
+                if self._fail_base > base:
+                    # Below the base of the last test that failed (a cut by our own noise):
+                    # back to it at most, where the tests resume.
+                    self.limit = min(self.limit, float(self._fail_base))
+                else:
+                    self._ceiling = self._fail_base = 0
+                self._doubled = self._base
+                self._steady = 0
                 self._opened = now
             else:  # once may be the dependency's own spread: test again at once
                 self._armed = True
@@ -675,7 +715,7 @@ class Gradient:
     def _start_probe(self, now: float, limit: float | None = None) -> None:
         self._end_test()
         self._armed = False
-        self._at_min = self._peak = 0
+        self._at_min = self._peak = self._steady = self._doubled = 0
         self._probing = True
         self._saved = self.limit
         if limit is None:
