@@ -100,9 +100,10 @@ def test_p99_stays_near_the_service_time_once_settled(
     """From 5 s in, p99 at most 1.6x the service time (1.5x is the issue's target; our own
     modelled noise alone puts a queue-free p99 near 1.3x), where the too-high static limit's
     is 2.8x and more.  With more seeds than CI's, about one loaded run in twenty exceeds 1.6x
-    in phase 1 whatever the limit does (seeds 7, 19 and 21 of 1-60: a modelled stall of our
-    own process of over 100 ms delays every response that arrives during it; seed 7: 1.61x),
-    so ``BULKHEAD_ADAPTIVE_SIM_SEEDS=12`` fails here on seed 7."""
+    in phase 1 (seeds 7, 19 and 21 of 1-60: a modelled stall of our own process of over
+    100 ms delays every response that arrives during it; 19 and 21 at 1.81x and 1.74x also
+    before the headroom tests, seed 7 at 1.61x, 1.55x before), so
+    ``BULKHEAD_ADAPTIVE_SIM_SEEDS=12`` fails here on seed 7."""
     for run in verdicts:
         v = run[phase - 1]
         assert v["p99_after_5s_x"] <= 1.6, v
