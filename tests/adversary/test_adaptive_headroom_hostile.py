@@ -1,0 +1,232 @@
+"""An independent attack on the adaptive limit's timed headroom tests (``_adaptive.py``'s
+``open_at``/``open_test``, ``AdaptiveController``'s one timer, the compartment's
+``close``/``aclose``/``retire``), in real transports against real local servers on
+127.0.0.1: the lab's Node dependency (``benchmarks/capacity_server.js``: N workers and a
+FIFO queue) and hypercorn (HTTP/2, h2c).  Nothing of the component under test is mocked:
+``Spy`` only wraps the controller's methods to *see* when a timer is pending, fires or
+opens a slot, and when an exchange that held a slot ended unfed.
+
+Held (plain tests): closing the transport (asyncio, trio, threads) while a test's timer is
+pending cancels it, nothing fires after, no thread outlives ``close()``, the counters
+agree; a compartment evicted by ``max_default_compartments`` at rest with a timer pending
+never fires it; a transport whose event loop ended with a timer pending works on the next
+loop (asyncio -> asyncio, asyncio -> trio, trio -> asyncio) and its timers open tests
+there; ``max_pending=0`` (the lab's setting) with tests opening: only responses and
+``BulkheadFull``, the limit, its history and the Prometheus gauge within the bounds, the
+controller's one timer; HTTP/2 streams with tests opening; the adaptive path's CPU per
+request against the commit before the headroom tests (35c832e), as a ratio in one run.
+
+Defects (strict xfails; the fix flips them): see each test's ``reason``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import pytest
+
+from benchmarks.adaptive_lab import CapacityServer
+from httpx_bulkhead import (
+    AdaptiveLimit,
+    BulkheadFull,
+    BulkheadTransport,
+    CompartmentStats,
+    Policy,
+    TransportClosed,
+)
+from httpx_bulkhead._adaptive import HISTORY, HOLD, TEST_BELOW, AdaptiveController, Gradient
+from tests.flavours import Flavour, Transport, client_for, make_transport
+
+from .threads import left_behind, transport_threads
+
+needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+
+SERVICE_MS = 20.0
+WORKERS = 4
+#: Small enough that the tests run (limits <= TEST_BELOW), wide enough to grow past it.
+SPEC = AdaptiveLimit(initial_limit=WORKERS, max_limit=32, probe_interval=None)
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Spy:
+    """Sees the controllers' timers and tests without changing what they do."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: Controllers whose timer callback ran after ``close()``.
+        self.fired_after_close: list[AdaptiveController] = []
+        #: Tests whose slot a timer opened.
+        self.opened = 0
+        #: ``_feed`` calls (exchanges fed to the algorithm).
+        self.fed = 0
+        #: Called (in the loop's or a caller's thread) when a sample left a timer pending.
+        self.on_pending: Callable[[AdaptiveController], None] | None = None
+        #: Called right after a timer opened a test's slot.
+        self.on_open: Callable[[AdaptiveController], None] | None = None
+        #: ``(fed since the last opening, the algorithm's extra slot after)`` of every
+        #: exchange that held a slot and ended unfed (cancelled, or failed but not a drop)
+        #: while a test's slot was open.
+        self.unfed_ends: list[tuple[int, int]] = []
+        self._fed_at_open = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        feed, fire, failed = (
+            AdaptiveController._feed,
+            AdaptiveController._open,
+            AdaptiveController.failed,
+        )
+        spy = self
+
+        def spied_feed(self: AdaptiveController, started: float, latency: float, d: bool) -> None:
+            feed(self, started, latency, d)
+            with spy.lock:
+                spy.fed += 1
+            if self._timer is not None and spy.on_pending is not None:
+                spy.on_pending(self)
+
+        def spied_open(self: AdaptiveController) -> None:
+            if self._call_later is None:  # closed: nothing may run any more
+                spy.fired_after_close.append(self)
+            before = self.algorithm.applied
+            fire(self)
+            if self.algorithm.applied > before:
+                with spy.lock:
+                    spy.opened += 1
+                    spy._fed_at_open = spy.fed
+                if spy.on_open is not None:
+                    spy.on_open(self)
+
+        def spied_failed(self: AdaptiveController, started: float, exc: BaseException) -> None:
+            algorithm = self.algorithm
+            extra = isinstance(algorithm, Gradient) and algorithm._extra
+            failed(self, started, exc)
+            if extra and isinstance(algorithm, Gradient):
+                with spy.lock:
+                    spy.unfed_ends.append((spy.fed - spy._fed_at_open, algorithm._extra))
+
+        monkeypatch.setattr(AdaptiveController, "_feed", spied_feed)
+        monkeypatch.setattr(AdaptiveController, "_open", spied_open)
+        monkeypatch.setattr(AdaptiveController, "failed", spied_failed)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
+    watcher = Spy()
+    watcher.install(monkeypatch)
+    return watcher
+
+
+@pytest.fixture
+def dependency() -> Iterator[CapacityServer]:
+    """Three dependencies of WORKERS workers each (one per port), SERVICE_MS per request."""
+    if shutil.which("node") is None:
+        pytest.skip("needs Node.js")
+    server = CapacityServer(3, SERVICE_MS, [(600.0, WORKERS)])
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def origin(server: CapacityServer, index: int = 0) -> tuple[str, str]:
+    """``(url, compartment name)`` of the server's ``index``-th dependency."""
+    port = server.ports[index]
+    return f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}"
+
+
+def controller_of(transport: Transport, name: str) -> AdaptiveController:
+    compartment = transport._router.compartments[name]
+    assert compartment.adaptive is not None
+    return compartment.adaptive
+
+
+def check_stats(stats: CompartmentStats, spec: AdaptiveLimit = SPEC) -> None:
+    """At rest, counters agree, the limit and its history within the bounds."""
+    assert (stats.running, stats.waiting, stats.in_use_connections) == (0, 0, 0), stats
+    assert stats.acquired == stats.completed + stats.failed + stats.cancelled, stats
+    assert spec.min_limit <= stats.limit <= spec.max_limit, stats
+    assert len(stats.limit_history) <= HISTORY
+    assert all(spec.min_limit <= limit <= spec.max_limit for _, limit in stats.limit_history)
+
+
+async def wait_past(when: float) -> None:
+    """Let real time pass beyond a (cancelled) timer's instant: what must not happen there
+    has had its chance (no event can say that nothing happened)."""
+    await anyio.sleep(max(0.0, when - time.monotonic()) + 0.1)
+
+
+# -- 1. close() / aclose() with a test's timer pending -----------------------------------------
+@needs_node
+@pytest.mark.anyio
+async def test_close_with_a_tests_timer_pending_cancels_it_and_nothing_fires_after(
+    flavour: Flavour, dependency: CapacityServer, spy: Spy
+) -> None:
+    """16 callers keep the compartment saturated at WORKERS (limits <= TEST_BELOW: tests
+    run); once timers have opened tests, the transport is closed at an instant when the
+    controller's timer is pending (checked and closed in one step of the loop, or under
+    the sync transport's loop lock).  Then: the handle is cancelled, its callback never
+    runs (also after its instant), the counters agree, no thread outlives ``close()``."""
+    threads_before = transport_threads()
+    transport = make_transport(flavour, default=Policy(max_concurrency=SPEC, max_pending=256))
+    url, name = origin(dependency)
+    pending = threading.Event()
+    spy.on_pending = lambda controller: pending.set()
+    outcomes: list[str] = []
+
+    async def caller(client: Any) -> None:
+        while True:
+            try:
+                response = await client.get(url)
+            except (TransportClosed, httpx.TransportError) as exc:  # closed under it
+                outcomes.append(type(exc).__name__)
+                return
+            outcomes.append(str(response.status_code))
+
+    def check_and_close_sync() -> Any:
+        timer = controller_of(transport, name)._timer
+        if timer is not None:
+            transport.close()  # (re-enters the loop lock this thread holds)
+        return timer
+
+    timer: Any = None
+    async with client_for(transport, timeout=30) as client, anyio.create_task_group() as tg:
+        for _ in range(16):
+            tg.start_soon(caller, client)
+        with anyio.fail_after(40):
+            while timer is None:
+                await anyio.to_thread.run_sync(pending.wait)
+                pending.clear()
+                if spy.opened < 2:  # the mechanism at work first
+                    continue
+                if isinstance(transport, BulkheadTransport):
+                    # No await between the check and the controller's close.
+                    timer = controller_of(transport, name)._timer
+                    if timer is not None:
+                        await transport.aclose()
+                else:
+                    lock = transport._timers.lock
+                    timer = await anyio.to_thread.run_sync(lock.run, check_and_close_sync)
+    controller = controller_of(transport, name)
+    assert controller._timer is None and controller._call_later is None
+    assert timer.cancelled
+    await wait_past(timer.when)
+    assert spy.fired_after_close == []
+    assert set(outcomes) <= {"200", "TransportClosed", "ReadError", "RemoteProtocolError"}, set(
+        outcomes
+    )
+    [stats] = transport.statistics().values()
+    check_stats(stats)
+    if flavour == "sync":
+        assert left_behind(threads_before) == []
