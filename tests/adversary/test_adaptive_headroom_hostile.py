@@ -48,6 +48,8 @@ from httpx_bulkhead import (
 )
 from httpx_bulkhead._adaptive import HISTORY, HOLD, TEST_BELOW, AdaptiveController, Gradient
 from tests.flavours import Flavour, Transport, client_for, make_transport
+from tests.servers import RawServer
+from tests.servers.raw import keepalive_ok
 
 from .threads import left_behind, transport_threads
 
@@ -230,3 +232,147 @@ async def test_close_with_a_tests_timer_pending_cancels_it_and_nothing_fires_aft
     check_stats(stats)
     if flavour == "sync":
         assert left_behind(threads_before) == []
+
+
+class Defect(AssertionError):
+    """The failing assertion of a strict xfail: a precondition that fails with a plain
+    ``AssertionError`` is reported as a failure, not taken for the defect."""
+
+
+def defect_unless(condition: bool, message: str) -> None:
+    if not condition:
+        raise Defect(message)
+
+
+@pytest.fixture
+def slow_dependency() -> Iterator[CapacityServer]:
+    """One dependency of WORKERS workers, 100 ms per request: a single caller's timer
+    (two thirds of the no-load latency ahead at a limit of 1) stays pending long enough
+    for a few more steps of the test."""
+    if shutil.which("node") is None:
+        pytest.skip("needs Node.js")
+    server = CapacityServer(1, 100.0, [(600.0, WORKERS)])
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+#: At a limit of 1, one caller at a time: every end (once the tests are armed) names an
+#: instant two thirds of the no-load latency ahead, so a timer is pending between requests.
+ONE_SLOT = AdaptiveLimit(initial_limit=1, max_limit=8, probe_interval=None)
+
+
+async def until_a_timer_is_pending(client: Any, url: str, controller: Callable[[], Any]) -> Any:
+    """One request at a time until the controller's timer is pending with at least 30 ms
+    to go when the response is back; returns the handle."""
+    with anyio.fail_after(30):
+        while True:
+            response = await client.get(url)
+            assert response.status_code == 200
+            timer = controller()._timer
+            if timer is not None and timer.when - time.monotonic() > 0.03:
+                return timer
+
+
+# -- 2. eviction (max_default_compartments) with a test's timer pending -------------------------
+@pytest.mark.anyio
+async def test_a_compartment_evicted_with_a_tests_timer_pending_never_fires_it(
+    flavour: Flavour, slow_dependency: CapacityServer, spy: Spy
+) -> None:
+    """Compartment A (an unlisted origin, limit 1, one caller) is left at rest with its
+    controller's timer pending; two requests to new origins make the router evict it
+    (a second chance, then out).  Its timer is cancelled with it and never fires, its
+    limit stays as it was, and nothing of it is left scheduled."""
+    transport = make_transport(
+        flavour, default=Policy(max_concurrency=ONE_SLOT), max_default_compartments=1
+    )
+    url, name = origin(slow_dependency)
+    with RawServer(keepalive_ok()) as b, RawServer(keepalive_ok()) as c:
+        async with client_for(transport, timeout=30) as client:
+            timer = await until_a_timer_is_pending(
+                client, url, lambda: controller_of(transport, name)
+            )
+            compartment = transport._router.compartments[name]
+            limit = compartment.slots.limiter.limit
+            assert (await client.get(f"{b.url}/")).status_code == 200  # A: a second chance
+            assert (await client.get(f"{c.url}/")).status_code == 200  # A: evicted
+            assert name not in transport._router.compartments, "A was not evicted"
+            assert compartment.retired
+            adaptive = compartment.adaptive
+            assert adaptive is not None
+            assert adaptive._timer is None and adaptive._call_later is None
+            assert timer.cancelled
+            await wait_past(timer.when)
+            assert spy.fired_after_close == []
+            assert compartment.slots.limiter.limit == limit
+            check_stats(compartment.statistics(), ONE_SLOT)
+
+
+# -- 3. the event loop ends with a timer pending; the transport goes on on the next one --------
+def run_on(backend: str, fn: Callable[[], Any]) -> None:
+    if backend == "trio":
+        import trio
+
+        trio.run(fn)
+    else:
+        asyncio.run(fn())
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("asyncio", "asyncio"), ("asyncio", "trio"), ("trio", "asyncio")]
+)
+def test_a_loop_that_ends_with_a_timer_pending_leaves_the_next_loop_working(
+    first: str, second: str, slow_dependency: CapacityServer, spy: Spy, caplog: Any
+) -> None:
+    """Loop 1 ends (``asyncio.run``/``trio.run`` returns, the transport unclosed) while
+    the controller's timer is pending on it.  On loop 2 the same transport serves 8
+    callers: the old handle is cancelled at the next sample, timers on the new loop open
+    tests, nothing is logged as failed, and ``aclose`` leaves no timer."""
+    transport = BulkheadTransport(default=Policy(max_concurrency=ONE_SLOT, max_pending=64))
+    url, name = origin(slow_dependency)
+    old: list[Any] = []
+
+    async def loop_one() -> None:
+        for _ in range(200):
+            # (no connection kept: a pooled connection belongs to its loop, the timers are
+            # what this test is about)
+            request = httpx.Request("GET", url, headers={"connection": "close"})
+            response = await transport.handle_async_request(request)
+            await response.aread()
+            await response.aclose()
+            timer = controller_of(transport, name)._timer
+            if timer is not None and timer.when - time.monotonic() > 0.03:
+                old.append(timer)
+                return
+        raise AssertionError("no timer pending after 200 requests")
+
+    async def loop_two() -> None:
+        opened = spy.opened
+        done = anyio.Event()
+
+        async def caller() -> None:
+            while not done.is_set():
+                response = await transport.handle_async_request(httpx.Request("GET", url))
+                await response.aread()
+                await response.aclose()
+                assert response.status_code == 200
+                if spy.opened >= opened + 2:
+                    done.set()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(caller)
+        await transport.aclose()
+
+    run_on(first, loop_one)
+    [timer] = old
+    run_on(second, loop_two)
+    assert timer.cancelled
+    assert spy.fired_after_close == []
+    controller = controller_of(transport, name)
+    assert controller._timer is None
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.records
+    [stats] = transport.statistics().values()
+    check_stats(stats, ONE_SLOT)
