@@ -48,7 +48,7 @@ from httpx_bulkhead import (
 )
 from httpx_bulkhead._adaptive import HISTORY, HOLD, TEST_BELOW, AdaptiveController, Gradient
 from tests.flavours import Flavour, Transport, client_for, make_transport
-from tests.servers import RawServer
+from tests.servers import HypercornServer, RawServer
 from tests.servers.raw import keepalive_ok
 
 from .threads import left_behind, transport_threads
@@ -511,3 +511,87 @@ def test_no_headroom_test_opens_above_test_below(seed: int) -> None:
 def test_no_headroom_test_opens_in_the_hold_after_a_cut(seed: int) -> None:
     in_hold = [test for test in tests_opened(seed) if test[2] <= HOLD]
     defect_unless(not in_hold, f"tests opened within HOLD ({HOLD}) windows of a cut: {in_hold}")
+
+
+# -- a dependency of N workers in hypercorn (HTTP/1.1 and h2c), with a hostile slow path -------
+class CapacityApp:
+    """ASGI: ``workers`` workers and a FIFO queue (``asyncio.Semaphore``), ``service`` s x
+    U[0.9, 1.1] per request; every ``slow_every``-th request (0: none) is answered after
+    ``slow`` s without taking a worker (a slow path of the dependency's own)."""
+
+    def __init__(
+        self, workers: int, service: float, *, slow_every: int = 0, slow: float = 0.0
+    ) -> None:
+        self.workers, self.service = workers, service
+        self.slow_every, self.slow = slow_every, slow
+        self.count = 0
+        self._semaphore: asyncio.Semaphore | None = None
+        self._rng = __import__("random").Random(7)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.workers)
+        self.count += 1
+        if self.slow_every and self.count % self.slow_every == 0:
+            await asyncio.sleep(self.slow)
+        else:
+            async with self._semaphore:
+                await asyncio.sleep(self.service * self._rng.uniform(0.9, 1.1))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def saturate(
+    client: Any, url: str, callers: int, until: Callable[[], bool], within: float
+) -> list[str]:
+    """``callers`` callers, each one request after another, until ``until()`` (checked at
+    each response) or ``within`` seconds; returns the outcomes."""
+    outcomes: list[str] = []
+    done = anyio.Event()
+
+    async def caller() -> None:
+        while not done.is_set():
+            try:
+                response = await client.get(url)
+                outcomes.append(str(response.status_code))
+            except BulkheadFull:
+                outcomes.append("BulkheadFull")
+                await anyio.sleep(0.002)  # (pacing: an open loop, not a busy one)
+            if until():
+                done.set()
+
+    with anyio.fail_after(within):
+        async with anyio.create_task_group() as tg:
+            for _ in range(callers):
+                tg.start_soon(caller)
+    return outcomes
+
+
+# -- 6. HTTP/2 streams with tests opening ----------------------------------------------------------
+@pytest.mark.anyio
+async def test_headroom_tests_over_http2_streams(spy: Spy) -> None:
+    """h2c (prior knowledge), one connection's streams as the slots: timers open tests, the
+    extra request is one more stream; after the run nothing is in use, counters agree, and
+    ``aclose`` cancels the timer."""
+    with HypercornServer(CapacityApp(WORKERS, SERVICE_MS / 1000)) as srv:
+        transport = BulkheadTransport(
+            http1=False, http2=True, default=Policy(max_concurrency=SPEC, max_pending=256)
+        )
+        name = srv.url
+        async with client_for(transport, timeout=30) as client:
+            outcomes = await saturate(client, f"{srv.url}/", 16, lambda: spy.opened >= 4, 40)
+            assert set(outcomes) == {"200"}
+            [stats] = transport.statistics().values()
+            check_stats(stats)
+            assert stats.http2_connections >= 1 and stats.open_streams == 0, stats
+        controller = controller_of(transport, name)
+        assert controller._timer is None and spy.fired_after_close == []
+
