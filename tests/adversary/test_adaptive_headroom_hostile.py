@@ -595,3 +595,121 @@ async def test_headroom_tests_over_http2_streams(spy: Spy) -> None:
         controller = controller_of(transport, name)
         assert controller._timer is None and spy.fired_after_close == []
 
+
+
+# -- 8. the README's policy, copied literally: FIFO and acquire_timeout with tests opening ---------
+@pytest.mark.anyio
+async def test_the_readmes_policy_keeps_fifo_order_with_tests_opening(
+    slow_dependency: CapacityServer, spy: Spy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Policy(max_concurrency=AdaptiveLimit(min_limit=2, max_limit=64), max_pending=20,
+    acquire_timeout=0.5)`` (the README's ``llm.example.com``) against 4 workers of 100 ms,
+    30 callers through the transport: a test's slot goes to the head waiter, and the
+    limiter grants the waiters their slots in the order they queued, whatever the test
+    slots and timeouts do; every outcome is a response, ``BulkheadFull`` or
+    ``AcquireTimeout``."""
+    from httpx_bulkhead import AcquireTimeout, _slots
+    from httpx_bulkhead._limiter import Waiter, WaiterState
+
+    spec = AdaptiveLimit(min_limit=2, max_limit=64)
+    policy = Policy(max_concurrency=spec, max_pending=20, acquire_timeout=0.5)
+    transport = BulkheadTransport(hosts={"127.0.0.1": policy})
+    url, _ = origin(slow_dependency)
+    tickets = iter(range(1_000_000))
+    granted: list[int] = []  # tickets of the waiters, in the order the limiter granted them
+
+    class Tagged(Waiter):
+        """A waiter numbered as it is made (``Slots.acquire`` makes it and queues it in one
+        step), which notes its number when the limiter grants it a slot."""
+
+        __slots__ = ()
+
+        def __init__(self, wake: Callable[[], None]) -> None:
+            ticket = next(tickets)
+
+            def noted() -> None:
+                if self.state is WaiterState.GRANTED:
+                    granted.append(ticket)
+                wake()
+
+            super().__init__(noted)
+
+    monkeypatch.setattr(_slots, "Waiter", Tagged)
+    outcomes: list[str] = []
+    done = anyio.Event()
+
+    async def caller() -> None:
+        while not done.is_set():
+            try:
+                response = await transport.handle_async_request(httpx.Request("GET", url))
+                await response.aread()
+                await response.aclose()
+                outcomes.append(str(response.status_code))
+            except (BulkheadFull, AcquireTimeout) as exc:
+                outcomes.append(type(exc).__name__)
+                await anyio.sleep(0.01)  # (pacing)
+            if spy.opened >= 3:
+                done.set()
+
+    with anyio.fail_after(45):
+        async with anyio.create_task_group() as tg:
+            for _ in range(30):
+                tg.start_soon(caller)
+    await transport.aclose()
+    assert set(outcomes) <= {"200", "BulkheadFull", "AcquireTimeout"}, set(outcomes)
+    assert len(granted) > 20
+    assert granted == sorted(granted), "a waiter got in before one that queued earlier"
+    [stats] = transport.statistics().values()
+    check_stats(stats, spec)
+
+
+# -- 9. max_pending=0 (the lab's setting) with tests opening; the exporters at those instants ---
+@needs_node
+@pytest.mark.anyio
+async def test_max_pending_zero_with_tests_opening_and_the_gauges_at_those_instants(
+    dependency: CapacityServer, spy: Spy
+) -> None:
+    """No queue: a request that finds no slot is refused at once.  A test's slot is then
+    taken by whichever request comes next.  At each instant a timer opened one, the
+    Prometheus gauge and ``statistics()`` say the limit the limiter has, base + 1, within
+    the bounds; only responses and ``BulkheadFull``; the controller's one timer."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from httpx_bulkhead.prometheus import BulkheadCollector
+
+    transport = BulkheadTransport(default=Policy(max_concurrency=SPEC, max_pending=0))
+    url, name = origin(dependency)
+    registry = CollectorRegistry()
+    collector = BulkheadCollector(transport, histograms=False)
+    registry.register(collector)
+    seen: list[tuple[int, int, float]] = []  # (limiter, statistics, gauge) at each opening
+
+    def scrape(controller: AdaptiveController) -> None:
+        from prometheus_client import generate_latest
+
+        text = generate_latest(registry).decode()
+        [gauge] = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "httpx_bulkhead_concurrency_limit"
+        ]
+        limiter = transport._router.compartments[name].slots.limiter
+        seen.append((limiter.limit, transport.statistics()[name].limit, gauge))
+
+    spy.on_open = scrape
+    async with client_for(transport, timeout=30) as client:
+        outcomes = await saturate(client, url, 16, lambda: spy.opened >= 5, 40)
+        controller = controller_of(transport, name)
+        assert len([t for t in [controller._timer] if t is not None]) <= 1
+    registry.unregister(collector)
+    collector.close()
+    assert set(outcomes) <= {"200", "BulkheadFull"}, set(outcomes)
+    assert "BulkheadFull" in outcomes
+    assert len(seen) >= 5
+    for limiter, statistics, gauge in seen:
+        assert limiter == statistics == gauge, seen
+        assert SPEC.min_limit < limiter <= min(SPEC.max_limit, TEST_BELOW + 1), seen
+    [stats] = transport.statistics().values()
+    check_stats(stats)
