@@ -22,7 +22,9 @@ Defects (strict xfails; the fix flips them): see each test's ``reason``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -345,7 +347,7 @@ def test_a_loop_that_ends_with_a_timer_pending_leaves_the_next_loop_working(
             response = await transport.handle_async_request(request)
             await response.aread()
             await response.aclose()
-            timer = controller_of(transport, name)._timer
+            timer: Any = controller_of(transport, name)._timer
             if timer is not None and timer.when - time.monotonic() > 0.03:
                 old.append(timer)
                 return
@@ -404,7 +406,7 @@ async def test_a_request_cancelled_while_a_tests_slot_is_open_closes_the_slot(
     exchange ends.  That cancellation is the next end: the test's slot must be closed by
     it (the limiter back at the base), as a completed exchange would have."""
     transport = BulkheadTransport(default=Policy(max_concurrency=SPEC, max_pending=256))
-    url, name = origin(dependency)
+    url, _ = origin(dependency)
     at_dependency: dict[int, anyio.CancelScope] = {}
     cancelled = 0
 
@@ -460,7 +462,7 @@ async def test_a_request_cancelled_while_a_tests_slot_is_open_closes_the_slot(
 
 
 # -- 5. the arming of a test outlives the state it was armed in ----------------------------------
-def tests_opened(seed: int) -> list[tuple[float, int, int]]:
+def headroom_tests_opened(seed: int) -> list[tuple[float, int, int]]:
     """The project's own virtual-time rotation (``tests/unit/test_adaptive_headroom.py``:
     the real ``Gradient``, a dependency of N workers and a FIFO queue, a client that always
     has a request ready): 4 workers, 9 from 8 s, 5 from 16 s.  Returns ``(instant, base,
@@ -495,7 +497,7 @@ def tests_opened(seed: int) -> list[tuple[float, int, int]]:
     " opens a slot at 9 -> 10, where the docstring says growth is by windows",
 )
 def test_no_headroom_test_opens_above_test_below(seed: int) -> None:
-    above = [test for test in tests_opened(seed) if test[1] > TEST_BELOW]
+    above = [test for test in headroom_tests_opened(seed) if test[1] > TEST_BELOW]
     defect_unless(not above, f"tests opened above TEST_BELOW ({TEST_BELOW}): {above}")
 
 
@@ -509,7 +511,7 @@ def test_no_headroom_test_opens_above_test_below(seed: int) -> None:
     " limit just measured with a queue, where its request is the likeliest to wait",
 )
 def test_no_headroom_test_opens_in_the_hold_after_a_cut(seed: int) -> None:
-    in_hold = [test for test in tests_opened(seed) if test[2] <= HOLD]
+    in_hold = [test for test in headroom_tests_opened(seed) if test[2] <= HOLD]
     defect_unless(not in_hold, f"tests opened within HOLD ({HOLD}) windows of a cut: {in_hold}")
 
 
@@ -526,7 +528,7 @@ class CapacityApp:
         self.slow_every, self.slow = slow_every, slow
         self.count = 0
         self._semaphore: asyncio.Semaphore | None = None
-        self._rng = __import__("random").Random(7)
+        self._rng = random.Random(7)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -594,7 +596,6 @@ async def test_headroom_tests_over_http2_streams(spy: Spy) -> None:
             assert stats.http2_connections >= 1 and stats.open_streams == 0, stats
         controller = controller_of(transport, name)
         assert controller._timer is None and spy.fired_after_close == []
-
 
 
 # -- 8. the README's policy, copied literally: FIFO and acquire_timeout with tests opening ---------
@@ -713,3 +714,87 @@ async def test_max_pending_zero_with_tests_opening_and_the_gauges_at_those_insta
         assert SPEC.min_limit < limiter <= min(SPEC.max_limit, TEST_BELOW + 1), seen
     [stats] = transport.statistics().values()
     check_stats(stats)
+
+
+# -- 10. CPU per request of the adaptive path, against the commit before the headroom tests ------
+BEFORE = "35c832e"  # the commit before e7d5763 (the headroom tests)
+
+CPU_WORKER = """
+import asyncio, json, sys, time
+import httpx
+from httpx_bulkhead import AdaptiveLimit, BulkheadTransport, Policy
+
+port, count, callers = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+
+async def main():
+    spec = AdaptiveLimit(initial_limit=4, max_limit=8, probe_interval=None)
+    transport = BulkheadTransport(default=Policy(max_concurrency=spec, max_pending=1000))
+    url = f"http://127.0.0.1:{port}/"
+    done = 0
+
+    async def caller(n):
+        nonlocal done
+        for _ in range(n):
+            response = await transport.handle_async_request(httpx.Request("GET", url))
+            await response.aread()
+            await response.aclose()
+            done += 1
+
+    await asyncio.gather(*(caller(count // callers // 2) for _ in range(callers)))  # settle
+    done = 0
+    cpu = time.process_time()
+    await asyncio.gather(*(caller(count // callers) for _ in range(callers)))
+    cpu = time.process_time() - cpu
+    [stats] = transport.statistics().values()
+    await transport.aclose()
+    print(json.dumps({"cpu": cpu / done, "limit": stats.limit}))
+
+
+asyncio.run(main())
+"""
+
+
+@needs_node
+def test_the_adaptive_paths_cpu_per_request_is_not_above_the_commit_before(
+    tmp_path: Path,
+) -> None:
+    """The same load (16 callers, 4 workers of 10 ms: limits <= TEST_BELOW, every end with
+    the tests armed sets a timer) through the adaptive compartment of this tree and of
+    35c832e (``git archive``), alternately in subprocesses of the same run: process time
+    per request, the lowest of three runs each; this tree's within 1.5x of the other's
+    (the limit's own path differs from run to run, and with it the concurrency the loop
+    batches: on a shared machine the ratio of single runs spreads over about 0.7x-1.35x;
+    the timers themselves are set for about 3% of the requests)."""
+    old = tmp_path / "before"
+    old.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", BEFORE, "httpx_bulkhead"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"no commit {BEFORE} here: {archive.stderr.decode()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    script = tmp_path / "cpu_worker.py"
+    script.write_text(CPU_WORKER)
+    server = CapacityServer(1, 10.0, [(600.0, WORKERS)])
+    cpu: dict[str, list[float]] = {"before": [], "now": []}
+    try:
+        for _ in range(3):
+            for which, root in (("before", old), ("now", REPO)):
+                env = {**os.environ, "PYTHONPATH": str(root)}
+                run = subprocess.run(
+                    [sys.executable, str(script), str(server.ports[0]), "1200", "16"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
+                assert run.returncode == 0, run.stderr[-2000:]
+                cpu[which].append(json.loads(run.stdout)["cpu"])
+    finally:
+        server.close()
+    ratio = min(cpu["now"]) / min(cpu["before"])
+    assert ratio <= 1.5, (ratio, cpu)
