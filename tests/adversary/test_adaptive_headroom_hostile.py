@@ -879,3 +879,46 @@ def test_an_interrupt_while_the_feed_sets_the_tests_timer_leaks_no_slot(
         f"a slot leaked by the interrupted feed: {stats.running} running at rest,"
         f" acquired {stats.acquired} != {stats.completed} + {stats.failed} + {stats.cancelled}",
     )
+
+
+# -- 12. timer handles under many compartments and a long run (the sync transport's heap) ------
+@needs_node
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (the test's loop only starts threads)
+async def test_timer_handles_stay_bounded_over_many_compartments(
+    dependency: CapacityServer, spy: Spy
+) -> None:
+    """Three adaptive compartments (one per dependency) saturated by 8 threads each through
+    the sync transport: every sample that names an instant cancels one handle and pushes
+    another on the one timer thread's heap.  Sampled at each of those, the heap holds at
+    most one live handle per compartment plus the pool's, and the cancelled ones are
+    dropped as they pile up (no growth with the run's length); one timer thread."""
+    threads_before = transport_threads()
+    transport = make_transport("sync", default=Policy(max_concurrency=SPEC, max_pending=256))
+    sizes: list[tuple[int, int]] = []  # (heap, live handles) at each pending timer
+    timer_threads: set[threading.Thread] = set()
+
+    def sample(controller: AdaptiveController) -> None:
+        timers = transport._timers
+        with timers._cond:
+            heap = timers._heap
+            sizes.append((len(heap), sum(1 for entry in heap if not entry[2].cancelled)))
+            if timers._thread is not None:
+                timer_threads.add(timers._thread)
+
+    spy.on_pending = sample
+    async with client_for(transport, timeout=30) as client, anyio.create_task_group() as tg:
+        for index in range(3):
+            url, _ = origin(dependency, index)
+            tg.start_soon(saturate, client, url, 8, lambda: len(sizes) >= 300, 60)
+    controllers = list(transport._router.compartments.values())
+    assert len(controllers) == 3 and len(sizes) >= 300
+    assert max(live for _, live in sizes) <= 3 + 3 * 8  # a timer each, the pools' sweeps
+    assert max(heap for heap, _ in sizes) <= 64 + 2 * max(live for _, live in sizes), sizes
+    late = [heap for heap, _ in sizes[len(sizes) // 2 :]]
+    early = [heap for heap, _ in sizes[: len(sizes) // 2]]
+    assert max(late) <= max(max(early), 64 + 2 * 3 * 9), (max(early), max(late))
+    assert left_behind(threads_before) == [], "a timer thread outlives close()"
+    assert len(timer_threads) == 1, timer_threads  # (the thread stays while timers come)
+    for stats in transport.statistics().values():
+        check_stats(stats)
