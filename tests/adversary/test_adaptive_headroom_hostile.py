@@ -43,6 +43,7 @@ from benchmarks.adaptive_lab import CapacityServer
 from httpx_bulkhead import (
     AdaptiveLimit,
     BulkheadFull,
+    BulkheadHTTPTransport,
     BulkheadTransport,
     CompartmentStats,
     Policy,
@@ -825,7 +826,6 @@ def test_an_interrupt_while_the_feed_sets_the_tests_timer_leaks_no_slot(
     of the timer thread's ``call_later`` made from ``AdaptiveController._feed``: the trace
     function raises there, as a signal handler would).  That thread gives up; the others
     finish.  At rest nothing may still be running, and the counters must agree."""
-    from httpx_bulkhead import BulkheadHTTPTransport
     from httpx_bulkhead._threads import Timers as ThreadTimers
 
     threads_before = transport_threads()
@@ -894,7 +894,7 @@ async def test_timer_handles_stay_bounded_over_many_compartments(
     most one live handle per compartment plus the pool's, and the cancelled ones are
     dropped as they pile up (no growth with the run's length); one timer thread."""
     threads_before = transport_threads()
-    transport = make_transport("sync", default=Policy(max_concurrency=SPEC, max_pending=256))
+    transport = BulkheadHTTPTransport(default=Policy(max_concurrency=SPEC, max_pending=256))
     sizes: list[tuple[int, int]] = []  # (heap, live handles) at each pending timer
     timer_threads: set[threading.Thread] = set()
 
