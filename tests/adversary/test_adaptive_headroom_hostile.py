@@ -11,12 +11,19 @@ pending cancels it, nothing fires after, no thread outlives ``close()``, the cou
 agree; a compartment evicted by ``max_default_compartments`` at rest with a timer pending
 never fires it; a transport whose event loop ended with a timer pending works on the next
 loop (asyncio -> asyncio, asyncio -> trio, trio -> asyncio) and its timers open tests
-there; ``max_pending=0`` (the lab's setting) with tests opening: only responses and
-``BulkheadFull``, the limit, its history and the Prometheus gauge within the bounds, the
-controller's one timer; HTTP/2 streams with tests opening; the adaptive path's CPU per
-request against the commit before the headroom tests (35c832e), as a ratio in one run.
+there; HTTP/2 streams with tests opening; the README's policy (``max_pending=20``,
+``acquire_timeout=0.5``): the limiter grants in FIFO order with test slots opening;
+``max_pending=0`` (the lab's setting): only responses and ``BulkheadFull``, and at each
+opening the limiter, ``statistics()`` and the Prometheus gauge agree within the bounds;
+three saturated compartments on the sync transport's one timer thread: its heap stays
+bounded; the adaptive path's CPU per request against the commit before the headroom tests
+(35c832e), as a ratio in one run.
 
-Defects (strict xfails; the fix flips them): see each test's ``reason``.
+Defects (strict xfails raising ``Defect``; the fix flips them, see each ``reason``): an
+exchange cancelled (or failed unfed) while a test's slot is open does not close it; the
+arming of a test survives a cut and growth past ``TEST_BELOW`` (tests open in the hold
+after a cut, and at ``TEST_BELOW + 1``); an interrupt landing in the sample's feed (where
+the sync transport now sets the timer) leaks the slot.
 """
 
 from __future__ import annotations
@@ -25,7 +32,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -52,11 +58,10 @@ from httpx_bulkhead import (
 from httpx_bulkhead._adaptive import HISTORY, HOLD, TEST_BELOW, AdaptiveController, Gradient
 from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import HypercornServer, RawServer
+from tests.servers.node import require_node
 from tests.servers.raw import keepalive_ok
 
 from .threads import left_behind, transport_threads
-
-needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 
 SERVICE_MS = 20.0
 WORKERS = 4
@@ -140,8 +145,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
 @pytest.fixture
 def dependency() -> Iterator[CapacityServer]:
     """Three dependencies of WORKERS workers each (one per port), SERVICE_MS per request."""
-    if shutil.which("node") is None:
-        pytest.skip("needs Node.js")
+    require_node()
     server = CapacityServer(3, SERVICE_MS, [(600.0, WORKERS)])
     try:
         yield server
@@ -177,7 +181,6 @@ async def wait_past(when: float) -> None:
 
 
 # -- 1. close() / aclose() with a test's timer pending -----------------------------------------
-@needs_node
 @pytest.mark.anyio
 async def test_close_with_a_tests_timer_pending_cancels_it_and_nothing_fires_after(
     flavour: Flavour, dependency: CapacityServer, spy: Spy
@@ -256,8 +259,7 @@ def slow_dependency() -> Iterator[CapacityServer]:
     """One dependency of WORKERS workers, 100 ms per request: a single caller's timer
     (two thirds of the no-load latency ahead at a limit of 1) stays pending long enough
     for a few more steps of the test."""
-    if shutil.which("node") is None:
-        pytest.skip("needs Node.js")
+    require_node()
     server = CapacityServer(1, 100.0, [(600.0, WORKERS)])
     try:
         yield server
@@ -386,7 +388,6 @@ def test_a_loop_that_ends_with_a_timer_pending_leaves_the_next_loop_working(
 
 
 # -- 4. a request cancelled (or failed unfed) while a test's slot is open -----------------------
-@needs_node
 @pytest.mark.anyio
 @pytest.mark.xfail(
     strict=True,
@@ -666,7 +667,6 @@ async def test_the_readmes_policy_keeps_fifo_order_with_tests_opening(
 
 
 # -- 9. max_pending=0 (the lab's setting) with tests opening; the exporters at those instants ---
-@needs_node
 @pytest.mark.anyio
 async def test_max_pending_zero_with_tests_opening_and_the_gauges_at_those_instants(
     dependency: CapacityServer, spy: Spy
@@ -756,7 +756,6 @@ asyncio.run(main())
 """
 
 
-@needs_node
 def test_the_adaptive_paths_cpu_per_request_is_not_above_the_commit_before(
     tmp_path: Path,
 ) -> None:
@@ -767,6 +766,7 @@ def test_the_adaptive_paths_cpu_per_request_is_not_above_the_commit_before(
     (the limit's own path differs from run to run, and with it the concurrency the loop
     batches: on a shared machine the ratio of single runs spreads over about 0.7x-1.35x;
     the timers themselves are set for about 3% of the requests)."""
+    require_node()
     old = tmp_path / "before"
     old.mkdir()
     archive = subprocess.run(
@@ -806,7 +806,6 @@ class Interrupt(BaseException):
     """Stands in for ``KeyboardInterrupt`` landing at one chosen step of a thread."""
 
 
-@needs_node
 @pytest.mark.xfail(
     strict=True,
     raises=Defect,
@@ -882,7 +881,6 @@ def test_an_interrupt_while_the_feed_sets_the_tests_timer_leaks_no_slot(
 
 
 # -- 12. timer handles under many compartments and a long run (the sync transport's heap) ------
-@needs_node
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (the test's loop only starts threads)
 async def test_timer_handles_stay_bounded_over_many_compartments(
