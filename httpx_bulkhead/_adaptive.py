@@ -149,8 +149,8 @@ Invariants: ``min_limit <= applied <= max_limit`` after every call; the applied 
 int (the float state rounded down, and one slot more while a headroom test is open, from
 ``open_test`` to the next end); the algorithms read no clock, do no I/O and keep
 O(window) memory; the controller holds at most one timer (cancelled at the next sample and
-by ``close``) and records each change of the applied limit in a bounded history
-(``HISTORY`` entries).
+by ``close``) and records each change of the limit (without a test's slot) in a bounded
+history (``HISTORY`` entries).
 """
 
 from __future__ import annotations
@@ -464,13 +464,14 @@ class Gradient:
         self._start_probe(-math.inf, float(spec.min_limit))  # no estimate yet
 
     @property
-    def _base(self) -> int:
-        """The limit the windows judge: the state rounded down, within the bounds."""
+    def base(self) -> int:
+        """The limit the windows judge, without a headroom test's slot (the one
+        ``limit_history`` records): the state rounded down, within the bounds."""
         return _applied(self.spec, self.limit)
 
     @property
     def applied(self) -> int:
-        """The limit to apply: ``_base``, and the slot of a headroom test while it is open."""
+        """The limit to apply: ``base``, and the slot of a headroom test while it is open."""
         return min(self.spec.max_limit, _applied(self.spec, self.limit) + self._extra)
 
     def update(
@@ -491,10 +492,10 @@ class Gradient:
             self._samples.append(latency)
         if self._probing:
             # Up to PROBE_SAMPLES, about four round trips of the probe's limit.
-            wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self._base))
+            wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self.base))
         else:
             wanted = WINDOW_SAMPLES
-        if len(self._samples) + self._drops >= max(wanted, self._base):
+        if len(self._samples) + self._drops >= max(wanted, self.base):
             self._close_window(now)
         return self.applied
 
@@ -502,7 +503,7 @@ class Gradient:
         samples, drops, inflight = self._samples, self._drops, self._inflight
         used = self._used / max(1, len(samples) + drops)
         self._samples, self._drops, self._inflight, self._used = [], 0, 0, 0
-        before = self._base
+        before = self.base
         median = _median(samples) if samples else None
         if self._probing:
             self._probing = False
@@ -542,10 +543,14 @@ class Gradient:
                 if self._over >= 2:  # twice in a row since the last cut: not noise
                     cut = min(cut, before - 1.0)
                 self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
-                if self._base < before:
+                if self.base < before:
                     self._calm = self._over = 0
                     self._ceiling = before
-                    self._gap, self._skip = 1, 0  # (tests again as soon as the hold ends)
+                    # The spacing of tests starts over.  A test armed before the cut stays
+                    # armed and may open in the hold, testing the limit just cut to:
+                    # disarming on a cut missed the steady-capacity p99 in the model
+                    # (tests/unit/test_adaptive_headroom.py).
+                    self._gap, self._skip = 1, 0
             else:
                 self._streak = self._over = 0
                 if inflight * 2 >= before:  # (else the limit is not used: no evidence)
@@ -568,17 +573,19 @@ class Gradient:
         self._steady = self._steady + 1 if confirmed else 0
         if confirmed and before == self._doubled:
             self._doubled = 0
-        if self._base != before:
+        if self.base != before:
             self._steady = 0
             self._opened = now  # exchanges that started before measure another limit
             self._end_test()
-        self._at_min = self._at_min + 1 if self._base == spec.min_limit else 0
+            if self.base > TEST_BELOW:
+                self._armed = False  # (above it, growth is by windows)
+        self._at_min = self._at_min + 1 if self.base == spec.min_limit else 0
         stale = now >= self._next_probe or self._at_min >= MIN_LIMIT_WINDOWS
-        if self._base != self._doubled:  # (a test's doubling, once a window confirmed it)
-            self._peak = max(self._peak, self._base)
+        if self.base != self._doubled:  # (a test's doubling, once a window confirmed it)
+            self._peak = max(self._peak, self.base)
         # A fall to half the peak over two windows in a row (one window's latency can be
         # a stall of our own process: a probe then would measure nothing new).
-        fell = self._base <= self._peak * FALL_TO_PROBE and self._streak >= 2
+        fell = self.base <= self._peak * FALL_TO_PROBE and self._streak >= 2
         if fell and median and self.no_load:
             # At a quarter of the limit that showed the queue (the limit before this cut),
             # and below the concurrency that queue implies.
@@ -640,7 +647,7 @@ class Gradient:
         if self.open_at is not None:  # an end came first: the rotation was not as predicted
             self.open_at = None
             self._misses += 1
-        base = self._base
+        base = self.base
         if not self._armed or inflight < base or len(self._ends) < base:
             return
         if base >= self.spec.max_limit:
@@ -684,7 +691,7 @@ class Gradient:
         if self.open_at is None or self._extra or self._probing:
             return False
         self.open_at = None
-        base, no_load = self._base, self.no_load
+        base, no_load = self.base, self.no_load
         if no_load is None or inflight < base or self._test_due - now < TEST_MIN_WAIT * no_load:
             self._misses += 1  # (not saturated now, or the slot due to free came free early)
             return False
@@ -705,7 +712,7 @@ class Gradient:
         if failed:
             if informative:  # (a failure too small to tell is our noise as often as not)
                 self._wins = 0
-                self._fail_base = self._base
+                self._fail_base = self.base
             self._gap = min(TEST_GAP, self._gap * 2)
             self._skip = self._gap - 1
         elif informative:  # a slot more was free
@@ -713,7 +720,7 @@ class Gradient:
             self._gap, self._skip = 1, 0
             if self._wins >= 2:  # twice in a row: the capacity grew, grow past it
                 self._wins = 0
-                base = self._base
+                base = self.base
                 self.limit = max(base * TEST_GROWTH, base + 1.0)
                 if self._fail_base > base:
                     # Below the base of the last test that failed (a cut by our own noise):
@@ -721,7 +728,7 @@ class Gradient:
                     self.limit = min(self.limit, float(self._fail_base))
                 else:
                     self._ceiling = self._fail_base = 0
-                self._doubled = self._base
+                self._doubled = self.base
                 self._steady = 0
                 self._opened = now
             else:  # once may be the dependency's own spread: test again at once
@@ -766,6 +773,8 @@ class AIMD:
     @property
     def applied(self) -> int:
         return _applied(self.spec, self.limit)
+
+    base = applied
 
     def update(
         self, now: float, started: float, latency: float, dropped: bool, inflight: int
@@ -851,7 +860,9 @@ class AdaptiveController:
         self._timer: Cancellable | None = None
         limit = self.algorithm.applied
         set_limit(limit)
-        #: ``(clock time, limit)`` at each change of the applied limit, the latest last.
+        #: ``(clock time, limit)`` at each change of the limit, the latest last: the limit
+        #: the algorithm settles on, not a headroom test's slot (which would fill it: tests
+        #: run several times a second at a small capacity); ``applied`` shows that slot.
         self.history: deque[tuple[float, int]] = deque([(clock(), limit)], maxlen=HISTORY)
 
     def ended(
@@ -906,7 +917,9 @@ class AdaptiveController:
 
     def _apply(self, now: float, limit: int) -> None:
         self._set_limit(limit)
-        self.history.append((now, limit))
+        base = self.algorithm.base
+        if base != self.history[-1][1]:
+            self.history.append((now, base))
 
     def close(self) -> None:
         """No more timers (the transport is closing)."""

@@ -241,7 +241,8 @@ class CompartmentStats:
     #: or not measured yet).
     no_load_latency: float | None = None
     #: Adaptive limit only: ``(time, limit)`` at each change of the limit, oldest first, the
-    #: last 256; ``time`` is the compartment's clock (``time.monotonic()``).
+    #: last 256; ``time`` is the compartment's clock (``time.monotonic()``).  A headroom
+    #: test's one-slot opening is not a change here (``limit`` shows it while it lasts).
     limit_history: tuple[tuple[float, int], ...] = ()
 
     def as_dict(self) -> dict[str, object]:

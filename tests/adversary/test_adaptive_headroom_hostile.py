@@ -19,11 +19,11 @@ three saturated compartments on the sync transport's one timer thread: its heap 
 bounded; the adaptive path's CPU per request against the commit before the headroom tests
 (35c832e), as a ratio in one run.
 
-Defects (strict xfails raising ``Defect``; the fix flips them, see each ``reason``): an
-exchange cancelled (or failed unfed) while a test's slot is open does not close it; the
-arming of a test survives growth past ``TEST_BELOW`` and a test opens at
-``TEST_BELOW + 1``; an interrupt landing in the sample's feed (where the sync transport
-now sets the timer) leaks the slot.
+Defects found, now regression tests (they raise ``Defect``; each was a strict xfail until
+its fix landed): an exchange cancelled (or failed unfed) while a test's slot is open did not
+close it (the limiter handed that slot on at base + 1); the arming of a test survived growth
+past ``TEST_BELOW`` and a test opened at ``TEST_BELOW + 1``; an interrupt landing in the
+sample's feed (where the sync transport sets the timer) leaked the slot.
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ async def test_close_with_a_tests_timer_pending_cancels_it_and_nothing_fires_aft
 
 
 class Defect(AssertionError):
-    """The failing assertion of a strict xfail: a precondition that fails with a plain
-    ``AssertionError`` is reported as a failure, not taken for the defect."""
+    """The failing assertion of a defect (each was a strict xfail until fixed): kept apart
+    from a precondition's plain ``AssertionError``."""
 
 
 def defect_unless(condition: bool, message: str) -> None:
@@ -389,17 +389,6 @@ def test_a_loop_that_ends_with_a_timer_pending_leaves_the_next_loop_working(
 
 # -- 4. a request cancelled (or failed unfed) while a test's slot is open -----------------------
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    raises=Defect,
-    reason="A test's slot is closed only by the next *fed* sample (Gradient._headroom, reached"
-    " from update): an exchange that held a slot and ended unfed (cancelled before its head,"
-    " or failed with a non-drop error: AdaptiveController.failed feeds drops only) leaves"
-    " _extra at 1, so the limiter hands the ended exchange's slot on at base + 1 and the"
-    " test admits a second request (and more, for as long as ends stay unfed); the"
-    " docstring's 'the next end closes the slot again, so exactly one request more is"
-    " admitted' does not hold",
-)
 async def test_a_request_cancelled_while_a_tests_slot_is_open_closes_the_slot(
     dependency: CapacityServer, spy: Spy
 ) -> None:
@@ -487,22 +476,13 @@ def headroom_tests_opened(seed: int) -> list[tuple[float, int, int]]:
     while rotation.now < 30.0:
         rotation.run(rotation.now + 0.0005)
         if algorithm._extra and not was_open:
-            opened.append((round(rotation.now, 3), algorithm._base, algorithm._calm))
+            opened.append((round(rotation.now, 3), algorithm.base, algorithm._calm))
         was_open = bool(algorithm._extra)
     assert opened, "no test opened at all"
     return opened
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.xfail(
-    strict=True,
-    raises=Defect,
-    reason="Gradient._armed is set by any window that starts at a base <= TEST_BELOW (also"
-    " one that grows the limit past it, e.g. 8 -> 12) and cleared only by open_test or a"
-    " probe; above TEST_BELOW + 1 it waits unconsumed, and once a cut brings the base to"
-    " TEST_BELOW + 1 the deque of ends (maxlen TEST_BELOW + 1) is long enough: a test"
-    " opens a slot at 9 -> 10, where the docstring says growth is by windows",
-)
 def test_no_headroom_test_opens_above_test_below(seed: int) -> None:
     above = [test for test in headroom_tests_opened(seed) if test[1] > TEST_BELOW]
     defect_unless(not above, f"tests opened above TEST_BELOW ({TEST_BELOW}): {above}")
@@ -797,17 +777,6 @@ class Interrupt(BaseException):
     """Stands in for ``KeyboardInterrupt`` landing at one chosen step of a thread."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=Defect,
-    reason="ResponseStream._finish (and Compartment.handle's failure path) feed the adaptive"
-    " sample and only then release the slot, with nothing between them to give it back if"
-    " the feed raises: an interrupt landing in AdaptiveController._feed leaks the slot for"
-    " good.  The window is older than the headroom tests, but they put a call that can"
-    " block in it: the sync transport's Timers.call_later takes the timer thread's"
-    " condition and may start the timer thread (Thread.start waits for it), exactly where"
-    " a Ctrl-C is delivered",
-)
 def test_an_interrupt_while_the_feed_sets_the_tests_timer_leaks_no_slot(
     dependency: CapacityServer,
 ) -> None:
