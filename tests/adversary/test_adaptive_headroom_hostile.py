@@ -16,8 +16,9 @@ there; HTTP/2 streams with tests opening; the README's policy (``max_pending=20`
 ``max_pending=0`` (the lab's setting): only responses and ``BulkheadFull``, and at each
 opening the limiter, ``statistics()`` and the Prometheus gauge agree within the bounds;
 three saturated compartments on the sync transport's one timer thread: its heap stays
-bounded; the adaptive path's CPU per request against the commit before the headroom tests
-(35c832e), as a ratio in one run.
+bounded.  (The review also measured the adaptive path's CPU per request against the
+commit before the headroom tests, 1.15x-1.18x in one run; a timing figure, so it is not
+asserted here.)
 
 Defects found, now regression tests (they raise ``Defect``; each was a strict xfail until
 its fix landed): an exchange cancelled (or failed unfed) while a test's slot is open did not
@@ -29,15 +30,11 @@ sample's feed (where the sync transport sets the timer) leaked the slot.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -67,7 +64,6 @@ SERVICE_MS = 20.0
 WORKERS = 4
 #: Small enough that the tests run (limits <= TEST_BELOW), wide enough to grow past it.
 SPEC = AdaptiveLimit(initial_limit=WORKERS, max_limit=32, probe_interval=None)
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Spy:
@@ -686,90 +682,6 @@ async def test_max_pending_zero_with_tests_opening_and_the_gauges_at_those_insta
         assert SPEC.min_limit < limiter <= min(SPEC.max_limit, TEST_BELOW + 1), seen
     [stats] = transport.statistics().values()
     check_stats(stats)
-
-
-# -- 10. CPU per request of the adaptive path, against the commit before the headroom tests ------
-BEFORE = "35c832e"  # the commit before e7d5763 (the headroom tests)
-
-CPU_WORKER = """
-import asyncio, json, sys, time
-import httpx
-from httpx_bulkhead import AdaptiveLimit, BulkheadTransport, Policy
-
-port, count, callers = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-
-
-async def main():
-    spec = AdaptiveLimit(initial_limit=4, max_limit=8, probe_interval=None)
-    transport = BulkheadTransport(default=Policy(max_concurrency=spec, max_pending=1000))
-    url = f"http://127.0.0.1:{port}/"
-    done = 0
-
-    async def caller(n):
-        nonlocal done
-        for _ in range(n):
-            response = await transport.handle_async_request(httpx.Request("GET", url))
-            await response.aread()
-            await response.aclose()
-            done += 1
-
-    await asyncio.gather(*(caller(count // callers // 2) for _ in range(callers)))  # settle
-    done = 0
-    cpu = time.process_time()
-    await asyncio.gather(*(caller(count // callers) for _ in range(callers)))
-    cpu = time.process_time() - cpu
-    [stats] = transport.statistics().values()
-    await transport.aclose()
-    print(json.dumps({"cpu": cpu / done, "limit": stats.limit}))
-
-
-asyncio.run(main())
-"""
-
-
-def test_the_adaptive_paths_cpu_per_request_is_not_above_the_commit_before(
-    tmp_path: Path,
-) -> None:
-    """The same load (16 callers, 4 workers of 10 ms: limits <= TEST_BELOW, every end with
-    the tests armed sets a timer) through the adaptive compartment of this tree and of
-    35c832e (``git archive``), alternately in subprocesses of the same run: process time
-    per request, the lowest of three runs each; this tree's within 1.5x of the other's
-    (the limit's own path differs from run to run, and with it the concurrency the loop
-    batches: on a shared machine the ratio of single runs spreads over about 0.7x-1.35x;
-    the timers themselves are set for about 3% of the requests)."""
-    require_node()
-    old = tmp_path / "before"
-    old.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", BEFORE, "httpx_bulkhead"],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        pytest.skip(f"no commit {BEFORE} here: {archive.stderr.decode()[:200]}")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
-    script = tmp_path / "cpu_worker.py"
-    script.write_text(CPU_WORKER)
-    server = CapacityServer(1, 10.0, [(600.0, WORKERS)])
-    cpu: dict[str, list[float]] = {"before": [], "now": []}
-    try:
-        for _ in range(3):
-            for which, root in (("before", old), ("now", REPO)):
-                env = {**os.environ, "PYTHONPATH": str(root)}
-                run = subprocess.run(
-                    [sys.executable, str(script), str(server.ports[0]), "1200", "16"],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    check=False,
-                )
-                assert run.returncode == 0, run.stderr[-2000:]
-                cpu[which].append(json.loads(run.stdout)["cpu"])
-    finally:
-        server.close()
-    ratio = min(cpu["now"]) / min(cpu["before"])
-    assert ratio <= 1.5, (ratio, cpu)
 
 
 # -- 11. an interrupt (Ctrl-C) inside the sample's feed, where the timer is now set ------------
