@@ -80,9 +80,11 @@ worker free, a request sent ``TEST_AIM * no_load`` (a third) before that instant
 long; if it has one, it does not wait.  So at the end of an exchange, with the test armed
 and every slot in use, the algorithm names that instant (``open_at``); the controller sets
 a timer, and at it ``open_test`` raises the limit by one (``applied``; the windows still
-judge ``limit``).  The next end closes the slot again, so exactly one request more is
-admitted; nobody else waits for it, since it takes the worker that frees next, in the
-place of the request that would have.  The exchanges admitted while the slot was open are
+judge ``limit``, ``base``, which ``limit_history`` records).  The next end closes the
+slot again (with a sample or without one: a request cancelled or failed frees a slot all
+the same, ``unfed_end``), so exactly one request more is admitted; nobody else waits for
+it, since it takes the worker that frees next, in the place of the request that would
+have.  Above ``TEST_BELOW`` no test is armed.  The exchanges admitted while the slot was open are
 then judged each against ``no_load`` plus half the wait it would have had
 (``TEST_VERDICT``): any above it is a failure; a test whose last request would have waited
 less than ``TEST_INFORMATIVE`` of ``no_load`` (the dependency's own spread, +-10% in the
