@@ -308,7 +308,8 @@ class AdaptiveLimit:
             its capacity. Lower values than the default read the latency's own noise as
             a queue. Default 1.1; in ``(1, 3]``.
         probe_interval: gradient only: seconds between two measures of the no-load
-            latency (the limit drops to a quarter for about two round trips). ``None``:
+            latency (the limit drops to a quarter for 8 to 16 exchanges: a few round
+            trips, eight at a limit below 8, where a quarter is one slot). ``None``:
             only the first probe and those after the limit fell to half its peak (or
             stayed at ``min_limit``). Default 60.
         backoff: the limit is multiplied by this on a drop (at most once per round trip
