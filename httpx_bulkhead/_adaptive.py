@@ -647,9 +647,7 @@ class Gradient:
             elif now - self._test_closed > TEST_EXPIRY * no_load:
                 self._end_test()  # (its exchanges failed or were cancelled)
             return
-        if self.open_at is not None:  # an end came first: the rotation was not as predicted
-            self.open_at = None
-            self._misses += 1
+        self._stale()  # an end came before the instant named: the rotation was not as predicted
         base = self.base
         if not self._armed or inflight < base or len(self._ends) < base:
             return
@@ -684,7 +682,12 @@ class Gradient:
         slot as an end does, and makes a named instant stale."""
         if self._extra:
             self._close_slot(now, inflight)
-        elif self.open_at is not None:
+        else:
+            self._stale()
+
+    def _stale(self) -> None:
+        """An end came before the instant named, if any: that test is off (a miss)."""
+        if self.open_at is not None:
             self.open_at = None
             self._misses += 1
 
@@ -891,9 +894,8 @@ class AdaptiveController:
             return
         before = algorithm.applied
         algorithm.unfed_end(self._clock(), self._running())
-        if algorithm.open_at is None and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if algorithm.open_at is None:
+            self._cancel_timer()
         if algorithm.applied != before:
             self._apply(self._clock(), algorithm.applied)
 
@@ -904,9 +906,7 @@ class AdaptiveController:
         limit = algorithm.update(now, started, latency, dropped, self._running())
         if limit != before:
             self._apply(now, limit)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()  # (each sample names the instant anew, or none)
         open_at = algorithm.open_at if type(algorithm) is Gradient else None
         if open_at is not None and self._call_later is not None:
             self._timer = self._call_later(max(0.0, open_at - now), self._open)
@@ -914,9 +914,9 @@ class AdaptiveController:
     def _open(self) -> None:
         """The headroom test's instant came (a timer)."""
         self._timer = None
-        algorithm = self.algorithm
-        if type(algorithm) is Gradient and algorithm.open_test(self._clock(), self._running()):
-            self._apply(self._clock(), algorithm.applied)
+        algorithm, now = self.algorithm, self._clock()
+        if type(algorithm) is Gradient and algorithm.open_test(now, self._running()):
+            self._apply(now, algorithm.applied)
 
     def _apply(self, now: float, limit: int) -> None:
         self._set_limit(limit)
@@ -926,10 +926,13 @@ class AdaptiveController:
 
     def close(self) -> None:
         """No more timers (the transport is closing)."""
+        self._cancel_timer()
+        self._call_later = None
+
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._call_later = None
 
 
 class Cancellable(Protocol):

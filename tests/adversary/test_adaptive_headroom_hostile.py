@@ -55,6 +55,7 @@ from httpx_bulkhead import (
 from httpx_bulkhead._adaptive import HISTORY, TEST_BELOW, AdaptiveController, Gradient
 from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import HypercornServer, RawServer
+from tests.servers.asgi import serve_lifespan
 from tests.servers.node import require_node
 from tests.servers.raw import keepalive_ok
 
@@ -501,13 +502,8 @@ class CapacityApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.workers)
         self.count += 1

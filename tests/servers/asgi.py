@@ -77,6 +77,7 @@ __all__ = [
     "Scope",
     "Send",
     "TestApp",
+    "serve_lifespan",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -432,7 +433,7 @@ class TestApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
         if scope["type"] != "http":
             raise RuntimeError(f"TestApp: unsupported scope type {scope['type']!r}")
@@ -471,15 +472,6 @@ class TestApp:
             await self._route(scope, receive, counted_send, record)
         finally:
             leave()
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, rec: RequestRecord) -> None:
         parts = scope["path"].strip("/").split("/")
@@ -558,6 +550,17 @@ class TestApp:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             remaining -= CHUNK_SIZE
         await send({"type": "http.response.body", "body": chunk[:remaining], "more_body": False})
+
+
+async def serve_lifespan(receive: Receive, send: Send) -> None:
+    """Answer an ASGI lifespan scope: startup, then shutdown (any app here)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 async def _read_body(receive: Receive) -> bytes | None:
