@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import re
 from typing import Protocol
 
 import h11
@@ -55,6 +56,7 @@ MAX_CONNECT_HEAD = 64 * 1024
 HANDSHAKE_READ = 65536
 #: Most characters of a proxy's (escaped) reason phrase shown in ``ProxyError``.
 REASON_SHOWN = 200
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-9][0-9]{2}) ")
 
 
 class Handshake(Protocol):
@@ -117,6 +119,7 @@ class ConnectHandshake:
         )
         self._out = (self._h11.send(request) or b"") + (self._h11.send(h11.EndOfMessage()) or b"")
         self._open = False
+        self._start = b""  # the answer's first bytes: its status, should its head be too long
         self.leftover = b""
         #: The proxy's answer, once read: status code and reason phrase.
         self.status = 0
@@ -129,12 +132,17 @@ class ConnectHandshake:
     def receive(self, data: bytes) -> bool:
         if self._open:
             raise RuntimeError("the tunnel is already open")
+        if len(self._start) < 16:
+            self._start += data[: 16 - len(self._start)]
         self._h11.receive_data(data)
         while True:
             try:
                 event = self._h11.next_event()
             except h11.RemoteProtocolError as exc:
-                raise (self._closed() if not data else self._invalid(str(exc))) from None
+                if not data:
+                    raise self._closed() from None
+                too_long = exc.error_status_hint == 431  # (h11: "Receive buffer too long")
+                raise self._invalid(self._too_long() if too_long else str(exc)) from None
             if event is h11.NEED_DATA:
                 if not data:
                     raise self._closed()
@@ -161,6 +169,14 @@ class ConnectHandshake:
         self._open = True
         self.leftover = self._h11.trailing_data[0]
         return True
+
+    def _too_long(self) -> str:
+        """An answer whose head outgrew ``MAX_CONNECT_HEAD``, with its status when it began
+        with one: whether the head came in one read or several must not change the message
+        (h11 parses a head it received whole, however long)."""
+        status = _STATUS_LINE.match(self._start)
+        shown = "" if status is None else f"status {status[1].decode()}, "
+        return f"{shown}answer head too long (over {MAX_CONNECT_HEAD} bytes)"
 
     def _invalid(self, what: str) -> httpx.ProxyError:
         return httpx.ProxyError(

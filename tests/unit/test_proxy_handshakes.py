@@ -300,3 +300,31 @@ def test_the_handshakes_say_nothing_until_asked(make: Callable[[], Handshake]) -
     handshake = make()
     first = handshake.outgoing()
     assert first and handshake.outgoing() == b""
+
+
+@pytest.mark.parametrize(
+    ("size", "outgrown"),  # reads of ``size`` bytes; whether one left the head over the bound
+    [(13, True), (4096, True), (65_000, False), (70_000, True), (200_000, False)],
+)
+def test_a_huge_reason_names_its_status_however_the_reads_are_cut(
+    size: int, outgrown: bool
+) -> None:
+    """A 502 whose reason phrase is 100 kB: read whole, h11 parses it (a refusal, the reason
+    cut); read in pieces, its head outgrows the bound first.  Either way the message names
+    the status (once, in CI's h11 pass, pieces gave h11's bare "Receive buffer too long")."""
+    answer = b"HTTP/1.1 502 " + b"\xff" * 100_000 + b"\r\n\r\n"
+    chunks = splits(answer, list(range(size, len(answer), size)))
+    verdict, message = feed(ConnectHandshake(PROXY, "a:443"), chunks)
+    assert verdict == "error"
+    assert "502" in str(message) and "Receive buffer" not in str(message), message
+    assert len(str(message)) < 400, len(str(message))
+    too_long = f"status 502, answer head too long (over {MAX_CONNECT_HEAD} bytes)"
+    assert str(message).endswith(too_long) == outgrown, message
+
+
+def test_a_head_too_long_without_a_status_line_says_so() -> None:
+    verdict, message = feed(
+        ConnectHandshake(PROXY, "a:443"), [b"X" * 1000 for _ in range(2 * MAX_CONNECT_HEAD // 1000)]
+    )
+    assert verdict == "error"
+    assert str(message).endswith(f"answer head too long (over {MAX_CONNECT_HEAD} bytes)"), message
