@@ -344,8 +344,10 @@ class AdaptiveLimit:
             )
         object.__setattr__(self, "max_limit", int(self.max_limit))
         if type(self.initial_limit) is _Default:  # left alone: within [min, max]
-            fitted = min(self.max_limit, max(self.min_limit, int(self.initial_limit)))
-            object.__setattr__(self, "initial_limit", fitted)
+            # (fitted from the default, not from an earlier fit: ``dataclasses.replace``
+            # passes the fitted value on, still marked as a default)
+            fitted = min(self.max_limit, max(self.min_limit, int(DEFAULT_INITIAL_LIMIT)))
+            object.__setattr__(self, "initial_limit", _Default(fitted))
         _check_int("initial_limit", self.initial_limit, self.min_limit)
         if self.initial_limit > self.max_limit:
             raise ValueError(

@@ -9,6 +9,7 @@ used, as under load).  ``BULKHEAD_ADAPTIVE_EXAMPLES`` runs more Hypothesis examp
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -398,6 +399,9 @@ def test_the_default_initial_limit_fits_the_bounds_that_were_set(
     """``AdaptiveLimit(max_limit=4)`` is a valid setting: the default initial limit (10) is
     brought into the bounds given, where a value given outside them is refused."""
     spec = AdaptiveLimit(**kwargs)  # type: ignore[arg-type]
-    assert spec.initial_limit == initial and type(spec.initial_limit) is int
+    assert spec.initial_limit == initial and isinstance(spec.initial_limit, int)
+    # (an int that also says it was left at its default, so that ``dataclasses.replace``
+    # fits it anew: it prints, serialises and computes as the int it is)
+    assert json.dumps(spec.initial_limit) == f"{spec.initial_limit}" == str(initial)
     assert type(spec.max_limit) is int
     assert spec == AdaptiveLimit(**kwargs, initial_limit=initial)  # type: ignore[arg-type]
