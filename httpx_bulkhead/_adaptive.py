@@ -19,7 +19,14 @@ or failed), so a body that then times out counts as a drop.  A drop is a timeout
 exchange (``RequestTimeout``, httpx's connect/read/write timeouts; not ``AcquireTimeout``,
 which is our queue) or a status of ``AdaptiveLimit.drop_statuses`` (opt-in, e.g. 429/503).
 An exchange that failed otherwise (connection refused, protocol error) or was cancelled
-before its head says nothing about load and is not fed.
+before its head says nothing about load and is not fed; nor is a *refusal* that is not a
+drop, a response of status 5xx or 429: it is answered without the work of a request, often
+at once (a server shedding its excess, a proxy whose upstream is down, a dependency
+failing fast), so its latency would read as a dependency without load, and a gradient fed
+it grew the limit into the dependency's refusals (the lab's model with ``--shed 8``:
+12-17% of phase 2's requests refused, now 1-3%, all while the capacity falls).  It still
+frees its slot (and closes a test's, as an unfed end does) and counts towards its
+window, without a latency: a window of refusals alone changes nothing.
 
 *Gradient* (after Envoy's adaptive concurrency filter and Netflix's Gradient2): samples
 are gathered in windows of ``max(WINDOW_SAMPLES, limit)`` exchanges (about one round
@@ -397,6 +404,7 @@ class Gradient:
         "_over",
         "_peak",
         "_probing",
+        "_refused",
         "_rng",
         "_samples",
         "_saved",
@@ -435,6 +443,7 @@ class Gradient:
         self.no_load: float | None = None
         self._samples: list[float] = []
         self._drops = 0
+        self._refused = 0  # refusals in the window (no latency)
         self._inflight = 0  # most slots in use seen in the window
         self._used = 0  # sum of the slots in use at each sample of the window
         self._opened = -math.inf  # samples of exchanges that started earlier are ignored
@@ -495,19 +504,23 @@ class Gradient:
             self._drops += 1
         else:
             self._samples.append(latency)
+        if self._window_full():
+            self._close_window(now)
+        return self.applied
+
+    def _window_full(self) -> bool:
         if self._probing:
             # Up to PROBE_SAMPLES, about four round trips of the probe's limit.
             wanted = min(PROBE_SAMPLES, max(FIRST_PROBE_SAMPLES, 4 * self.base))
         else:
             wanted = WINDOW_SAMPLES
-        if len(self._samples) + self._drops >= max(wanted, self.base):
-            self._close_window(now)
-        return self.applied
+        return len(self._samples) + self._drops + self._refused >= max(wanted, self.base)
 
     def _close_window(self, now: float) -> None:
         samples, drops, inflight = self._samples, self._drops, self._inflight
         used = self._used / max(1, len(samples) + drops)
         self._samples, self._drops, self._inflight, self._used = [], 0, 0, 0
+        self._refused = 0
         before = self.base
         median = _median(samples) if samples else None
         if self._probing:
@@ -678,14 +691,20 @@ class Gradient:
             self._armed = True
             self._misses += 1
 
-    def unfed_end(self, now: float, inflight: int) -> None:
+    def unfed_end(self, now: float, inflight: int, refused: float | None = None) -> None:
         """An exchange ended without a sample (cancelled, or failed otherwise than by a
         drop; ``inflight``: with it): it frees a slot all the same, so it closes a test's
-        slot as an end does, and makes a named instant stale."""
+        slot as an end does, and makes a named instant stale.  ``refused``: the start of a
+        refusal, which counts towards its window without a latency (see the module
+        docstring)."""
         if self._extra:
             self._close_slot(now, inflight)
         else:
             self._stale()
+        if refused is not None and refused >= self._opened:
+            self._refused += 1
+            if self._window_full():
+                self._close_window(now)
 
     def _stale(self) -> None:
         """An end came before the instant named, if any: that test is off (a miss)."""
@@ -819,6 +838,14 @@ def _median(values: list[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def refusal(status: int) -> bool:
+    """A status answered without the work a request costs, so its latency says nothing of
+    the dependency's load: a server error (5xx) or 429 (a shedding server, a proxy whose
+    upstream failed, a dependency failing fast); fed as a drop only when the user lists it
+    in ``drop_statuses``."""
+    return status >= 500 or status == 429
+
+
 def is_drop(exc: BaseException) -> bool:
     """An exchange failure that means the dependency is overloaded: one of its timeouts
     (``RequestTimeout`` is one); ``PoolTimeout`` (``AcquireTimeout``) is our own queue."""
@@ -876,9 +903,13 @@ class AdaptiveController:
     def ended(
         self, started: float, head_latency: float, status: int, exc: BaseException | None
     ) -> None:
-        """An exchange whose response head arrived has ended (``exc``: how, if cut)."""
+        """An exchange whose response head arrived has ended (``exc``: how, if cut); a
+        refusal that is not a drop (``refusal``) is ended unfed."""
         dropped = status in self.drop_statuses or (exc is not None and is_drop(exc))
-        self._feed(started, head_latency, dropped)
+        if not dropped and refusal(status):
+            self.unfed(started)
+        else:
+            self._feed(started, head_latency, dropped)
 
     def failed(self, started: float, exc: BaseException) -> None:
         """An exchange failed before its response head (or was cancelled): fed only if it
@@ -888,14 +919,15 @@ class AdaptiveController:
         else:
             self.unfed()
 
-    def unfed(self) -> None:
+    def unfed(self, refused: float | None = None) -> None:
         """An exchange that held a slot ended without a sample; call before its slot is
-        released (a response nobody closed, given back by the garbage collector)."""
+        released (a response nobody closed, given back by the garbage collector).
+        ``refused``: it was a refusal (``refusal``) of an exchange started then."""
         algorithm = self.algorithm
         if type(algorithm) is not Gradient:
             return
         before = algorithm.applied
-        algorithm.unfed_end(self._clock(), self._running())
+        algorithm.unfed_end(self._clock(), self._running(), refused)
         if algorithm.open_at is None:
             self._cancel_timer()
         if algorithm.applied != before:

@@ -22,11 +22,13 @@ from hypothesis import strategies as st
 from httpx_bulkhead import AdaptiveLimit, Policy
 from httpx_bulkhead._adaptive import (
     AIMD,
+    FIRST_PROBE_SAMPLES,
     HISTORY,
     AdaptiveController,
     Gradient,
     is_drop,
     make_algorithm,
+    refusal,
 )
 
 EXAMPLES = int(os.environ.get("BULKHEAD_ADAPTIVE_EXAMPLES") or 40)
@@ -338,8 +340,43 @@ def test_what_counts_as_a_drop() -> None:
     controller.ended(0.5, 0.1, 503, None)
     assert fed[-1] == 9  # 10 * 0.9
     controller.failed(0.9, httpx.ConnectError("refused", request=request))
-    controller.ended(0.9, 0.1, 429, None)  # not opted in: a success
-    assert fed[-1] == 9
+    controller.ended(0.9, 0.1, 429, None)  # not opted in: a refusal, not fed
+    controller.ended(0.9, 0.1, 404, None)  # an answer: fed, AIMD grows by 1/limit
+    assert fed[-1] == 9 and controller.algorithm.limit == pytest.approx(9.0 + 1 / 9.0)
+
+
+def test_what_counts_as_a_refusal() -> None:
+    assert all(refusal(status) for status in (429, 500, 502, 503, 504, 599))
+    assert not any(refusal(status) for status in (200, 204, 304, 400, 404, 499))
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_fast_refusals_are_not_read_as_a_dependency_without_load(status: int) -> None:
+    """A dependency shedding its excess answers 503 (or 429, or 500 while failing fast) at
+    once: fed as samples, those answers read as a latency far below the no-load one, and the
+    gradient grew the limit into them (and sank its no-load estimate).  Not fed, the few
+    real answers show the queue (150 ms against 100) and the limit is cut."""
+    now = [0.0]
+    controller = AdaptiveController(
+        AdaptiveLimit(initial_limit=10, probe_interval=None),
+        lambda limit: None,
+        lambda: 10,
+        lambda: now[0],
+    )
+    gradient = controller.algorithm
+    assert isinstance(gradient, Gradient)
+    for _ in range(FIRST_PROBE_SAMPLES):  # the first probe measures 100 ms
+        now[0] += 0.1
+        controller.ended(now[0] - 0.1, 0.1, 200, None)
+    assert gradient.no_load == pytest.approx(0.1) and gradient.applied == 10
+    for i in range(200):  # three refusals, at once, for every answer, 50 ms late
+        now[0] += 0.01
+        if i % 4 == 3:
+            controller.ended(now[0] - 0.15, 0.15, 200, None)
+        else:
+            controller.ended(now[0] - 0.001, 0.001, status, None)
+    assert gradient.no_load == pytest.approx(0.1)
+    assert gradient.applied < 10
 
 
 @pytest.mark.parametrize(
