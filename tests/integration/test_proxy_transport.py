@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -274,6 +275,65 @@ async def test_socks5_with_and_without_remote_dns(
             ("socks5", f"{host}:{tls_target.port}"),
             ("socks5", f"{host}:{target.port}"),
         ]
+
+
+#: A target name only the test's resolver knows (``.test`` is reserved: RFC 6761 §6.2).
+SLOW_NAME = "slow-resolver.test"
+
+
+@pytest.mark.parametrize("bound", ["connect_timeout", "request_timeout"])
+async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
+    target: HypercornServer, flavour: Flavour, bound: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """socks5:// resolves the target's name here, inside the connect's deadline: a resolver
+    that does not answer is cut by the connect timeout (or the request's budget) like the
+    proxy itself, with an error naming the lookup; the abandoned lookup ends when the
+    resolver answers.
+
+    The seam is the system resolver, ``socket.getaddrinfo`` (the last call before the
+    C library, whichever backend or thread makes it): it blocks on an event for
+    ``SLOW_NAME`` and passes every other name through.  A DNS server on 127.0.0.1 would
+    not do: the system resolver reads ``/etc/resolv.conf`` (port 53), which a test must
+    not change."""
+    release, entered, answered = threading.Event(), threading.Event(), threading.Event()
+    system = socket.getaddrinfo
+
+    def resolver(host: str | bytes, port: object, *args: int, **kwargs: int) -> object:
+        name = host.decode() if isinstance(host, bytes) else host
+        flags = args[3] if len(args) > 3 else kwargs.get("flags", 0)
+        if name != SLOW_NAME or flags & socket.AI_NUMERICHOST:  # trio asks numeric first
+            return system(host, port, *args, **kwargs)  # type: ignore[arg-type]
+        entered.set()
+        try:
+            release.wait(10)  # the test's end releases it; 10 s only ends a failing run
+            return system("127.0.0.1", port, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            answered.set()
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    if bound == "connect_timeout":
+        timeout, policy = httpx.Timeout(5, connect=0.2), None
+        expected: type[Exception] = httpx.ConnectTimeout
+    else:
+        timeout, policy, expected = httpx.Timeout(5), Policy(request_timeout=0.2), RequestTimeout
+    with ProxyEgress() as socks:
+        proxy = f"socks5://127.0.0.1:{socks.port}"
+        transport = make_transport(flavour, proxy=proxy, default=policy)
+        try:
+            async with client_for(transport, timeout=timeout) as client:
+                with pytest.raises(expected) as info:
+                    await client.get(f"http://{SLOW_NAME}:{target.port}/")
+                assert entered.is_set() and not answered.is_set()  # cut while it hung
+        finally:
+            release.set()
+        error = info.value if bound == "connect_timeout" else info.value.__cause__
+        assert isinstance(error, httpx.ConnectTimeout), repr(error)
+        assert str(error) == f"connect timed out resolving {SLOW_NAME} (through proxy {proxy})"
+        stats = transport.statistics()[f"http://{SLOW_NAME}:{target.port}"]
+        assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
+        await until(answered.is_set)  # the abandoned lookup ends once the resolver answers
+        await until(lambda: not any(t.name.endswith("resolver") for t in threading.enumerate()))
+        assert socks.ledger.targets() == {} and socks.ledger.refused == []  # nothing asked
 
 
 async def test_socks5_credentials(target: HypercornServer, flavour: Flavour) -> None:
