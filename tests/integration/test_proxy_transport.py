@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 import httpx
@@ -40,36 +40,6 @@ from tests.servers.tls import wrong_host_server_tls
 pytestmark = pytest.mark.anyio
 SECRET = "s3cr3t-pa55"
 TIMEOUT = 10.0
-
-
-@pytest.fixture(scope="module")
-def papp() -> TestApp:
-    return TestApp()
-
-
-@pytest.fixture(scope="module")
-def target(papp: TestApp) -> Iterator[HypercornServer]:
-    with HypercornServer(papp) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def tls_target(papp: TestApp) -> Iterator[HypercornServer]:
-    with HypercornServer(papp, tls=default_server_tls()) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def _egress() -> Iterator[ProxyEgress]:
-    with ProxyEgress() as egress:
-        yield egress
-
-
-@pytest.fixture
-def egress(_egress: ProxyEgress) -> ProxyEgress:
-    _egress.ledger.wait_for(lambda led: not any(s.open_now for s in led.targets().values()))
-    _egress.ledger.reset()
-    return _egress
 
 
 def trusting(flavour: Flavour, **kwargs: object) -> Transport:
@@ -444,16 +414,20 @@ async def test_credentials_stay_out_of_logs_and_reprs(
 
 @pytest.mark.parametrize("kind", ["forward", "tunnel"])
 async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
-    papp: TestApp, egress: ProxyEgress, kind: str, unique: Callable[[str], str], flavour: Flavour
+    target_app: TestApp,
+    egress: ProxyEgress,
+    kind: str,
+    unique: Callable[[str], str],
+    flavour: Flavour,
 ) -> None:
     """Two targets through one proxy, one slow (its requests parked): the fast one is
     served throughout, and the proxy never holds more connections to a target than its
     compartment's limit."""
-    gate = papp.gate(unique("slow"))
+    gate = target_app.gate(unique("slow"))
     tls = default_server_tls() if kind == "tunnel" else None
     with (
-        HypercornServer(papp, tls=tls) as slow,
-        HypercornServer(papp, tls=tls) as fast,
+        HypercornServer(target_app, tls=tls) as slow,
+        HypercornServer(target_app, tls=tls) as fast,
         FaultProxy() as proxy,
     ):
         slow_key = f"127.0.0.1:{slow.port}"
@@ -482,17 +456,17 @@ async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
 
 @pytest.mark.parametrize("kind", ["forward", "tunnel"])
 async def test_32_callers_on_each_of_two_targets_behind_one_proxy(
-    papp: TestApp, kind: str, unique: Callable[[str], str], flavour: Flavour
+    target_app: TestApp, kind: str, unique: Callable[[str], str], flavour: Flavour
 ) -> None:
     """Where concurrency matters (sync: 64 worker threads): 32 callers on a slow target
     (parked at a gate) and 32 on a fast one, through one proxy.  All the fast ones complete
     while the slow ones are parked; the proxy never holds more connections to a target
     than its compartment's limit; once the gate opens, the slow ones complete too."""
-    gate = papp.gate(unique("slow32"))
+    gate = target_app.gate(unique("slow32"))
     tls = default_server_tls() if kind == "tunnel" else None
     with (
-        HypercornServer(papp, tls=tls) as slow,
-        HypercornServer(papp, tls=tls) as fast,
+        HypercornServer(target_app, tls=tls) as slow,
+        HypercornServer(target_app, tls=tls) as fast,
         FaultProxy() as proxy,
     ):
         slow_key, fast_key = f"127.0.0.1:{slow.port}", f"127.0.0.1:{fast.port}"
@@ -526,13 +500,13 @@ async def test_32_callers_on_each_of_two_targets_behind_one_proxy(
 
 
 async def test_request_timeout_through_a_tunnel_discards_the_connection(
-    papp: TestApp,
+    target_app: TestApp,
     egress: ProxyEgress,
     tls_target: HypercornServer,
     unique: Callable[[str], str],
     flavour: Flavour,
 ) -> None:
-    gate = papp.gate(unique("rt"))
+    gate = target_app.gate(unique("rt"))
     with TinyProxy(egress) as proxy:
         # The budget covers the next request too: a new tunnel and a TLS handshake, which
         # took over 0.3 s once on a loaded CI machine.
