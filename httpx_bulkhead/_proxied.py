@@ -195,7 +195,9 @@ async def connect_via(
             f"connection.{'start_tls' if step == 'start_tls' else 'connect_tcp'}.failed",
             {"exception": mapped},
         )
-        raise mapped from (None if mapped is exc else exc)
+        if mapped is exc:  # an httpx error already: as it is, keeping its own cause
+            raise
+        raise mapped from exc
 
 
 async def _start_tls(

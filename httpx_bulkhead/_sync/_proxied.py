@@ -188,7 +188,9 @@ def connect_via(
             f"connection.{'start_tls' if step == 'start_tls' else 'connect_tcp'}.failed",
             {"exception": mapped},
         )
-        raise mapped from (None if mapped is exc else exc)
+        if mapped is exc:  # an httpx error already: as it is, keeping its own cause
+            raise
+        raise mapped from exc
 
 
 def _start_tls(

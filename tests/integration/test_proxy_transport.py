@@ -247,8 +247,30 @@ async def test_socks5_with_and_without_remote_dns(
         ]
 
 
-#: A target name only the test's resolver knows (``.test`` is reserved: RFC 6761 §6.2).
-SLOW_NAME = "slow-resolver.test"
+#: Target names only the tests' resolver knows (``.test`` is reserved: RFC 6761 §6.2).
+SLOW_NAME, UNKNOWN_NAME = "slow-resolver.test", "unknown.test"
+RESOLVER_THREAD = "httpx_bulkhead resolver"
+
+
+def resolving(name: str, answer: Callable[[], None]) -> Callable[..., object]:
+    """``socket.getaddrinfo`` with ``name`` answered by ``answer()`` (it blocks or raises;
+    then ``name`` is 127.0.0.1).  Other names go to the system resolver, and so do numeric
+    lookups (trio asks for ``AI_NUMERICHOST`` first): these tests name 127.0.0.1 only.
+
+    The seam is the system resolver, the last call before the C library whichever backend
+    or thread makes it.  A DNS server on 127.0.0.1 would not do: the system resolver reads
+    ``/etc/resolv.conf`` (port 53), which a test must not change."""
+    system = socket.getaddrinfo
+
+    def resolver(host: str | bytes, port: object, *args: int, **kwargs: int) -> object:
+        looked_up = host.decode() if isinstance(host, bytes) else host
+        flags = args[3] if len(args) > 3 else kwargs.get("flags", 0)
+        if looked_up == name and not flags & socket.AI_NUMERICHOST:
+            answer()
+            host = "127.0.0.1"
+        return system(host, port, *args, **kwargs)  # type: ignore[arg-type]
+
+    return resolver
 
 
 @pytest.mark.parametrize("bound", ["connect_timeout", "request_timeout"])
@@ -258,29 +280,17 @@ async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
     """socks5:// resolves the target's name here, inside the connect's deadline: a resolver
     that does not answer is cut by the connect timeout (or the request's budget) like the
     proxy itself, with an error naming the lookup; the abandoned lookup ends when the
-    resolver answers.
-
-    The seam is the system resolver, ``socket.getaddrinfo`` (the last call before the
-    C library, whichever backend or thread makes it): it blocks on an event for
-    ``SLOW_NAME`` and passes every other name through.  A DNS server on 127.0.0.1 would
-    not do: the system resolver reads ``/etc/resolv.conf`` (port 53), which a test must
-    not change."""
+    resolver answers."""
     release, entered, answered = threading.Event(), threading.Event(), threading.Event()
-    system = socket.getaddrinfo
 
-    def resolver(host: str | bytes, port: object, *args: int, **kwargs: int) -> object:
-        name = host.decode() if isinstance(host, bytes) else host
-        flags = args[3] if len(args) > 3 else kwargs.get("flags", 0)
-        if name != SLOW_NAME or flags & socket.AI_NUMERICHOST:  # trio asks numeric first
-            return system(host, port, *args, **kwargs)  # type: ignore[arg-type]
+    def hang() -> None:
         entered.set()
         try:
             release.wait(10)  # the test's end releases it; 10 s only ends a failing run
-            return system("127.0.0.1", port, *args, **kwargs)  # type: ignore[arg-type]
         finally:
             answered.set()
 
-    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    monkeypatch.setattr(socket, "getaddrinfo", resolving(SLOW_NAME, hang))
     if bound == "connect_timeout":
         timeout, policy = httpx.Timeout(5, connect=0.2), None
         expected: type[Exception] = httpx.ConnectTimeout
@@ -302,8 +312,32 @@ async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
         stats = transport.statistics()[f"http://{SLOW_NAME}:{target.port}"]
         assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
         await until(answered.is_set)  # the abandoned lookup ends once the resolver answers
-        await until(lambda: not any(t.name.endswith("resolver") for t in threading.enumerate()))
+        await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))
         assert socks.ledger.targets() == {} and socks.ledger.refused == []  # nothing asked
+
+
+async def test_a_socks5_name_the_resolver_refuses_is_a_connect_error(
+    target: HypercornServer, flavour: Flavour, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """socks5://: the resolver's failure (raised in its thread, for the sync transport) is
+    an ``httpx.ConnectError`` naming the name, and no tunnel is asked for."""
+
+    def refuse_name() -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolving(UNKNOWN_NAME, refuse_name))
+    with ProxyEgress() as socks:
+        proxy = f"socks5://127.0.0.1:{socks.port}"
+        transport = make_transport(flavour, proxy=proxy)
+        async with client_for(transport, timeout=5) as client:
+            with pytest.raises(
+                httpx.ConnectError, match=f"^cannot resolve {UNKNOWN_NAME}: "
+            ) as info:
+                await client.get(f"http://{UNKNOWN_NAME}:{target.port}/")
+            assert isinstance(info.value.__cause__, socket.gaierror), repr(info.value.__cause__)
+            # the same transport reaches a name the resolver knows through the same proxy
+            assert (await client.get(f"http://localhost:{target.port}/")).text == "hello"
+        assert socks.ledger.targets().keys() == {f"127.0.0.1:{target.port}"}
 
 
 async def test_socks5_credentials(target: HypercornServer, flavour: Flavour) -> None:
