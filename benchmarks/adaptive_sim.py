@@ -182,11 +182,14 @@ def simulate(
     noise: Noise,
     seed: int,
     shed: int | None = None,
+    sigma: float | None = None,
 ) -> Run:
     """Runs one contestant against its own copy of the dependency; fills ``who``.
 
     ``shed``: the dependency answers 503 at once to a request that finds this many
-    already queued (``capacity_server.js --shed-queue``); ``None``: its queue is unbounded."""
+    already queued (``capacity_server.js --shed-queue``); ``None``: its queue is unbounded.
+    ``sigma``: service times spread as a lognormal of this sigma around ``service`` (0.5:
+    the p99 three times the median; 1: an LLM's ten times), instead of ``U[0.9, 1.1]``."""
     rng = random.Random(seed)
     total = sum(seconds for seconds, _ in phases)
     stalls = Stalls(noise, total, random.Random(seed * 7919 + 1))
@@ -224,7 +227,8 @@ def simulate(
         nonlocal busy
         while queue and busy < capacity:
             busy += 1
-            push(now + service * rng.uniform(0.9, 1.1), _DONE, queue.popleft())
+            factor = rng.uniform(0.9, 1.1) if sigma is None else rng.lognormvariate(0, sigma)
+            push(now + service * factor, _DONE, queue.popleft())
 
     boundary = 0.0
     for (seconds, _), (_, n) in itertools.pairwise(phases):
@@ -300,10 +304,12 @@ def run(
     phases: Sequence[int] = PHASES,
     into: list[Run] | None = None,
     shed: int | None = None,
+    sigma: float | None = None,
 ) -> dict[str, Any]:
     """The lab in the model, one seed: ``adaptive_lab.report``'s result (the contestants'
     records appended to ``into``, if given: static 64, static 16, adaptive, and with
-    ``shed``, a dependency that sheds, ``adaptive_lab.SHED_CONTESTANT`` too)."""
+    ``shed``, a dependency that sheds, ``adaptive_lab.SHED_CONTESTANT`` too; ``sigma``: see
+    ``simulate``)."""
     spec = [(phase_seconds, n) for n in phases]
     arrivals = poisson(rate, phase_seconds * len(spec), random.Random(seed))
     entries: list[tuple[str, int | AdaptiveLimit]] = [
@@ -314,7 +320,9 @@ def run(
     if shed is not None:
         entries.append(SHED_CONTESTANT)
     runs = [
-        simulate(Run(name, limit), arrivals, spec, service_ms / 1000, noise, seed * 31 + i, shed)
+        simulate(
+            Run(name, limit), arrivals, spec, service_ms / 1000, noise, seed * 31 + i, shed, sigma
+        )
         for i, (name, limit) in enumerate(entries)
     ]
     if into is not None:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import statistics
 from collections.abc import Callable
 
 import pytest
@@ -442,3 +443,30 @@ def test_the_default_initial_limit_fits_the_bounds_that_were_set(
     assert json.dumps(spec.initial_limit) == f"{spec.initial_limit}" == str(initial)
     assert type(spec.max_limit) is int
     assert spec == AdaptiveLimit(**kwargs, initial_limit=initial)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("sigma", "low"), [(0.25, 0.1), (0.5, 0.1), (1.0, 0.25)])
+def test_a_wide_spread_of_latencies_is_not_a_queue_and_a_queue_still_is(
+    sigma: float, low: float
+) -> None:
+    """Each exchange's latency spread as a lognormal around the queueing dependency's (16
+    workers, 100 ms): the tolerance follows the spread the gradient measures, so the
+    limit neither collapses to a slot or two (as against a fixed 10%) nor runs away: from
+    64 slots (a queue four times the capacity) it comes down, and it stays near 16, at 4
+    slots or fewer in at most ``low`` of the rounds (at sigma 1, an LLM's spread, the
+    probe's median of 8 is off by a third now and then)."""
+    rng = random.Random(7)
+    algorithm = Gradient(AdaptiveLimit(initial_limit=64, probe_interval=None), rng)
+    service, capacity, now = 0.1, 16, 0.0
+    limits = []
+    while now < 600 * service:
+        limit = algorithm.applied
+        took = service * max(1.0, limit / capacity)
+        started, now = now, now + took
+        for _ in range(limit):
+            algorithm.update(now, started, took * rng.lognormvariate(0, sigma), False, limit)
+        limits.append(algorithm.applied)
+    settled = limits[len(limits) // 2 :]
+    assert statistics.median(settled) >= capacity * 0.75, limits
+    assert statistics.median(settled) <= capacity * 2.5, limits
+    assert sum(limit <= 4 for limit in settled) <= low * len(settled), limits
