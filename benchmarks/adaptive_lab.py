@@ -4,6 +4,7 @@ capacity changes mid-run.
     python -m benchmarks.adaptive_lab            # ~50 s; writes adaptive_lab.{json,md,png}
     python -m benchmarks.adaptive_lab --phase-seconds 3 --rate 120 --out /tmp/lab
     python -m benchmarks.adaptive_lab --shed 8 --out /tmp/shed   # a dependency that sheds
+    python -m benchmarks.adaptive_lab --sigma 0.5 --out /tmp/wide  # latencies spread wide
 
 The dependency (``capacity_server.js``) has N workers and a FIFO queue beyond them, each
 request served in ``--service-ms`` (x U[0.9, 1.1]); N goes 16 -> 4 -> 24, one phase each.
@@ -93,6 +94,7 @@ class CapacityServer:
         service_ms: float,
         phases: list[tuple[float, int]],
         shed: int | None = None,
+        sigma: float | None = None,
     ):
         node = shutil.which("node")
         if node is None:
@@ -102,6 +104,8 @@ class CapacityServer:
         cmd += ["--service-ms", f"{service_ms:g}", "--phases", spec]
         if shed is not None:
             cmd += ["--shed-queue", str(shed)]
+        if sigma is not None:
+            cmd += ["--sigma", f"{sigma:g}"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.ports: list[int] = self._read()["ports"]
 
@@ -199,7 +203,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     shed = getattr(args, "shed", None)
     if shed is not None:
         entries.append(SHED_CONTESTANT)
-    server = CapacityServer(len(entries), args.service_ms, phases, shed)
+    sigma = getattr(args, "sigma", None)
+    server = CapacityServer(len(entries), args.service_ms, phases, shed, sigma)
     rng = random.Random(args.seed)
     arrivals, t = [], 0.0
     while True:
@@ -332,6 +337,7 @@ def report(
         "rate": args.rate,
         "phase_seconds": args.phase_seconds,
         "shed": getattr(args, "shed", None),
+        "sigma": getattr(args, "sigma", None),
         "phases": [n for _, n in phases],
         "rows": rows,
         "limits": {who.name: who.limits for who in contestants},
@@ -433,8 +439,10 @@ def shed_lines(result: dict[str, Any]) -> list[str]:
 
 def markdown(result: dict[str, Any]) -> str:
     shed = result.get("shed")
+    sigma = result.get("sigma")
+    spread = "x U[0.9, 1.1]" if sigma is None else f"x lognormal, sigma {sigma:g}"
     out = [
-        f"Service time {result['service_ms']:g} ms (x U[0.9, 1.1]), open-loop Poisson arrivals"
+        f"Service time {result['service_ms']:g} ms ({spread}), open-loop Poisson arrivals"
         f" at {result['rate']:g}/s, {result['phase_seconds']:g} s per phase, max_pending=0"
         + ("." if shed is None else f"; the dependency answers 503 beyond {shed} queued."),
         "",
@@ -519,7 +527,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=300.0, help="arrivals per second")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--out", type=Path, help="default: benchmarks/adaptive_lab (adaptive_lab_shed with --shed)"
+        "--out", type=Path, help="default: benchmarks/adaptive_lab (+ _shed, _spread)"
+    )
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        help="service times spread as a lognormal of this sigma (default: U[0.9, 1.1])",
     )
     parser.add_argument(
         "--shed",
@@ -531,7 +544,12 @@ def main() -> None:
     result = asyncio.run(run(args))
     text = markdown(result)
     print(text)
-    out: Path = args.out or HERE / ("adaptive_lab" if args.shed is None else "adaptive_lab_shed")
+    variant = "".join(
+        part
+        for part, on in (("_shed", args.shed is not None), ("_spread", args.sigma is not None))
+        if on
+    )
+    out: Path = args.out or HERE / f"adaptive_lab{variant}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(text)
     plot(result, out.with_suffix(".png"))

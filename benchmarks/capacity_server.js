@@ -10,6 +10,9 @@
 // when it rises, queued requests start at once.  The last phase's N holds after the end.
 // Prints one JSON line {"ports": [...]} once all listen; exits when stdin closes.
 //
+// With --sigma S, service times spread as a lognormal of sigma S around service-ms instead
+// (0.5: the p99 three times the median; 1: an LLM's ten times).
+//
 // With --shed-queue Q, a request that finds Q already queued is answered 503 at once (a
 // dependency that sheds its excess, as a server with a bounded queue or an overload
 // manager does), without taking a worker.
@@ -22,12 +25,13 @@
 const http = require("http");
 
 function parseArgs(argv) {
-  const args = { ports: 1, serviceMs: 100, phases: [[15, 16]], shedQueue: null };
+  const args = { ports: 1, serviceMs: 100, phases: [[15, 16]], shedQueue: null, sigma: null };
   for (let i = 0; i < argv.length; i += 2) {
     const [key, value] = [argv[i], argv[i + 1]];
     if (key === "--ports") args.ports = Number(value);
     else if (key === "--service-ms") args.serviceMs = Number(value);
     else if (key === "--shed-queue") args.shedQueue = Number(value);
+    else if (key === "--sigma") args.sigma = Number(value);
     else if (key === "--phases") args.phases = value.split(",").map((p) => p.split(":").map(Number));
     else throw new Error(`unknown argument ${key}`);
   }
@@ -47,6 +51,13 @@ function capacity() {
   return args.phases[args.phases.length - 1][1];
 }
 
+function serviceFactor() {
+  if (args.sigma === null) return 0.9 + 0.2 * Math.random();
+  const u = 1 - Math.random(); // (0, 1]: a normal deviate by Box-Muller
+  const normal = Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * Math.random());
+  return Math.exp(args.sigma * normal);
+}
+
 function dependency() {
   const state = { busy: 0, queue: [], served: 0, maxQueued: 0, shed: 0 };
   const pump = () => {
@@ -54,7 +65,7 @@ function dependency() {
       const res = state.queue.shift();
       if (res.destroyed || !res.socket || res.socket.destroyed) continue; // the client went away
       state.busy += 1;
-      const ms = args.serviceMs * (0.9 + 0.2 * Math.random());
+      const ms = args.serviceMs * serviceFactor();
       setTimeout(() => {
         state.busy -= 1;
         state.served += 1;

@@ -41,8 +41,11 @@ def test_the_lab_runs_at_a_tiny_scale(tmp_path: Path) -> None:
 
 def test_the_lab_with_a_dependency_that_sheds(tmp_path: Path) -> None:
     """``--shed Q``: the dependency answers 503 beyond Q queued, and AIMD driven by those
-    503s joins; the refusals are counted and the report says where AIMD's limit sits."""
-    args = argparse.Namespace(phase_seconds=0.5, service_ms=20.0, rate=400.0, seed=1, shed=2)
+    503s joins; the refusals are counted and the report says where AIMD's limit sits
+    (``--sigma``: the service times spread as a lognormal)."""
+    args = argparse.Namespace(
+        phase_seconds=0.5, service_ms=20.0, rate=400.0, seed=1, shed=2, sigma=0.3
+    )
     result = asyncio.run(adaptive_lab.run(args))
     rows = {(r["phase"], r["contestant"]): r for r in result["rows"]}
     assert len(rows) == 12 and result["shed"] == 2
@@ -54,6 +57,7 @@ def test_the_lab_with_a_dependency_that_sheds(tmp_path: Path) -> None:
     assert aimd and all(1 <= limit <= 200 for limit in aimd)
     text = adaptive_lab.markdown(result)
     assert "refused (503) |" in text and text.count("| aimd |") == 3
+    assert "x lognormal, sigma 0.3" in text
     assert "phase 2 (N=4, refusing from 6 in flight): aimd's limit" in text
     if importlib.util.find_spec("matplotlib") is not None:
         adaptive_lab.plot(result, tmp_path / "shed.png")
