@@ -1,17 +1,20 @@
 """A second independent review's attack on the adaptive limit's refusals and spread.
 
 What landed after eb2abd9: a response of status 5xx or 429 outside ``drop_statuses`` is a
-*refusal*, no latency sample, and a window holding one does not grow the limit; the
-gradient measures the latency's *spread* (``Gradient._measure_spread``) and widens its
-tolerance by it (``Gradient._margin``); an ``initial_limit`` left at its default is a
-``_Default`` that ``dataclasses.replace`` fits anew.
+*refusal*, no latency sample (unless slower than the tolerance allows), and a window mostly
+refused does not grow the limit; the gradient measures the latency's *spread*
+(``Gradient._measure_spread``) and, above ``TEST_SPREAD``, widens its tolerance by it
+(``Gradient._margin``); an ``initial_limit`` left at its default is a ``_Default`` that
+``dataclasses.replace`` fits anew.
 
-The defects are strict xfails whose reason says what is wrong; the attacks that held stay
-as regression tests.  The algorithm is driven directly (it is pure) by a closed loop in
-rounds (``_rounds``: the limit's slots start together, each end taken again at once, so
-every slot is in use) against a dependency of ``N`` workers whose latency grows as
-``limit / N`` above them, or by the lab's model (``benchmarks/adaptive_sim.py``); one test
-goes through the sync transport to a raw server on 127.0.0.1.
+The defects were strict xfails whose reason said what was wrong; those fixed are regression
+tests now, and the comment above each says what it was (one,
+``test_equal_specs_replace_alike``, is a limitation kept: it stays an xfail); the attacks
+that held stay as regression tests.  The algorithm is driven directly (it is pure) by a
+closed loop in rounds (``_rounds``: the limit's slots start together, each end taken again
+at once, so every slot is in use) against a dependency of ``N`` workers whose latency grows
+as ``limit / N`` above them, or by the lab's model (``benchmarks/adaptive_sim.py``); one
+test goes through the sync transport to a raw server on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -85,13 +88,10 @@ def _rounds(
 # -- refusals ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 5xx answered slowly (an overloaded backend timing out inside: 504 after 100x"
-    " the no-load latency) is taken for a refusal 'answered without the work of a request'"
-    " and ignored: windows of nothing but such answers never cut the limit, though a"
-    " timeout of the same length would (the slowness is the load signal)",
-)
+# Was a defect, fixed since: a 5xx answered slowly (an overloaded backend timing out
+# inside: 504 after 100x the no-load latency) is taken for a refusal 'answered without the
+# work of a request' and ignored: windows of nothing but such answers never cut the limit,
+# though a timeout of the same length would (the slowness is the load signal)
 def test_a_server_error_answered_slowly_still_says_the_dependency_is_loaded() -> None:
     now = [0.0]
     controller = AdaptiveController(
@@ -114,14 +114,11 @@ def test_a_server_error_answered_slowly_still_says_the_dependency_is_loaded() ->
     assert gradient.applied < 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="'a window with a refusal does not grow the limit': a refusal rate that does not"
-    " depend on the load (20% of answers 500 at once: a buggy endpoint, per-key 429 quotas)"
-    " puts one in nearly every window of 30 or more, and the limit stays far below a"
-    " capacity of 64 (4 runs of 5 do not reach 48 in 30 s, 3 not in 110 s; without the"
-    " 500s, 0.7 s)",
-)
+# Was a defect, fixed since: 'a window with a refusal does not grow the limit': a refusal
+# rate that does not depend on the load (20% of answers 500 at once: a buggy endpoint,
+# per-key 429 quotas) puts one in nearly every window of 30 or more, and the limit stays
+# far below a capacity of 64 (4 runs of 5 do not reach 48 in 30 s, 3 not in 110 s; without
+# the 500s, 0.7 s)
 def test_refusals_that_do_not_depend_on_the_load_do_not_cap_the_limit() -> None:
     def status(rng: random.Random, limit: int) -> int:
         return 500 if rng.random() < 0.2 else 200
@@ -182,13 +179,10 @@ def test_refusals_during_the_first_probe_leave_no_estimate_of_one_sample_alone()
     assert gradient.applied == 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README: against a dependency shedding beyond 8 queued, the gradient is refused"
-    " 'in the model, never for a request sent from 5 s into a phase'; loaded seed 5 (outside"
-    " the seeds 1-3 its test runs) drifts to 33 slots 9.5 s into phase 3 (N + 8 = 32) and"
-    " is refused 7 times",
-)
+# Was a defect, fixed since: README: against a dependency shedding beyond 8 queued, the
+# gradient is refused 'in the model, never for a request sent from 5 s into a phase';
+# loaded seed 5 (outside the seeds 1-3 its test runs) drifts to 33 slots 9.5 s into phase
+# 3 (N + 8 = 32) and is refused 7 times
 def test_the_gradient_is_never_refused_from_5_s_into_a_phase() -> None:
     runs: list[adaptive_sim.Run] = []
     adaptive_sim.run(5, adaptive_sim.LOADED, shed=8, into=runs)
@@ -208,7 +202,8 @@ def _measured_spread(window: int, sigma: float, seeds: range = range(40)) -> flo
         gradient = Gradient(AdaptiveLimit(probe_interval=None, max_limit=400))
         rng = random.Random(seed)
         for _ in range(max(2, 2 * SPREAD_SAMPLES // window)):
-            gradient._measure_spread([0.1 * rng.lognormvariate(0, sigma) for _ in range(window)])
+            samples = [0.1 * rng.lognormvariate(0, sigma) for _ in range(window)]
+            gradient._measure_spread(samples, statistics.median(samples))
         assert gradient._spread is not None
         measured.append(gradient._spread)
     return statistics.mean(measured)
@@ -219,37 +214,30 @@ def test_the_spread_of_windows_of_16_to_64_is_about_right() -> None:
         assert _measured_spread(window, 0.5) == pytest.approx(0.5, rel=0.12), window
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_measure_spread extends the 64-deviation memory with a window's deviations"
-    " *sorted*: a window larger than 64 (a limit above 64) leaves only its highest 64, whose"
-    " IQR reads a lognormal spread of 0.5 as 0.30 (window of 128) or 0.25 (200): the margin"
-    " shrinks by half exactly where the docstring says 'the last 64 exchanges'",
-)
+# Was a defect, fixed since: _measure_spread extends the 64-deviation memory with a
+# window's deviations *sorted*: a window larger than 64 (a limit above 64) leaves only its
+# highest 64, whose IQR reads a lognormal spread of 0.5 as 0.30 (window of 128) or 0.25
+# (200): the margin shrinks by half exactly where the docstring says 'the last 64
+# exchanges'
 def test_the_spread_of_a_window_larger_than_the_memory_is_not_its_upper_tail() -> None:
     for window in (100, 128, 200):
         assert _measured_spread(window, 0.5, range(10)) == pytest.approx(0.5, rel=0.2), window
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the spread of windows of 8 (every limit up to 8, and every probe) reads 0.83x"
-    " the true one on average (each deviation is taken from its own window's median, which"
-    " the middle two samples straddle): the margin's 2 standard errors are 1.66, and at"
-    " sigma 1 a probe 30% low reads as a queue (see the model test below)",
-)
+# Was a defect, fixed since: the spread of windows of 8 (every limit up to 8, and every
+# probe) reads 0.83x the true one on average (each deviation is taken from its own
+# window's median, which the middle two samples straddle): the margin's 2 standard errors
+# are 1.66, and at sigma 1 a probe 30% low reads as a queue (see the model test below)
 def test_the_spread_of_windows_of_8_is_not_biased_low() -> None:
     for sigma in (0.5, 1.0):
         assert _measured_spread(8, sigma, range(100)) == pytest.approx(sigma, rel=0.1), sigma
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README/CHANGELOG: at sigma 1 'now 0.84 ... (0.48 at the worst of 8 runs)' of a"
-    " static 16's goodput; seed 8 (quiet) gives 0.34: a probe 32% low, a margin made small"
-    " by the spread read 0.6-0.7 for 1.0, and the limit sits at 1-2 slots for the last"
-    " 16 s of 30 (with the spread's scale corrected, IQR_SD 1.12, the same run gives 0.89)",
-)
+# Was a defect, fixed since: README/CHANGELOG: at sigma 1 'now 0.84 ... (0.48 at the worst
+# of 8 runs)' of a static 16's goodput; seed 8 (quiet) gives 0.34: a probe 32% low, a
+# margin made small by the spread read 0.6-0.7 for 1.0, and the limit sits at 1-2 slots
+# for the last 16 s of 30 (with the spread's scale corrected, IQR_SD 1.12, the same run
+# gives 0.89)
 def test_a_wide_spread_does_not_hold_the_limit_at_a_slot() -> None:
     runs: list[adaptive_sim.Run] = []
     result = adaptive_sim.run(
@@ -259,13 +247,10 @@ def test_a_wide_spread_does_not_hold_the_limit_at_a_slot() -> None:
     assert rows["adaptive"]["goodput"] >= 0.48 * rows["static 16"]["goodput"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the margin has no bound and _measure_spread floors a latency at 1e-9 s: a clock"
-    " that reads 0 for some exchanges (Windows' time.monotonic before Python 3.13 ticks"
-    " every 15.6 ms) makes the spread ~12 and the tolerance ~14x, so a window at 4x the"
-    " no-load latency reads as quiet and grows the limit x1.5",
-)
+# Was a defect, fixed since: the margin has no bound and _measure_spread floors a latency
+# at 1e-9 s: a clock that reads 0 for some exchanges (Windows' time.monotonic before
+# Python 3.13 ticks every 15.6 ms) makes the spread ~12 and the tolerance ~14x, so a
+# window at 4x the no-load latency reads as quiet and grows the limit x1.5
 def test_a_clock_that_reads_zero_does_not_blind_the_gradient_to_a_queue() -> None:
     tick = 0.015625
     gradient = Gradient(AdaptiveLimit(initial_limit=16, probe_interval=None))
@@ -412,11 +397,9 @@ def _slow_server_errors(conn: RawConn) -> None:
             conn.send_response(200, b"ok")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="as the pure test above: slow 504s are refusals, and the transport's limit stays"
-    " at 10 through 15 windows of answers 100 ms late against a no-load latency of ~0.1 ms",
-)
+# Was a defect, fixed since: as the pure test above: slow 504s are refusals, and the
+# transport's limit stays at 10 through 15 windows of answers 100 ms late against a no-
+# load latency of ~0.1 ms
 def test_slow_gateway_timeouts_cut_the_limit_through_the_transport() -> None:
     spec = AdaptiveLimit(initial_limit=10, max_limit=10, probe_interval=None)
     with RawServer(_slow_server_errors) as srv:
