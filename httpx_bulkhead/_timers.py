@@ -11,7 +11,9 @@ A transport owns no task group, yet three of its rules must hold while no reques
 
 ``Timers`` is the one place that schedules such work.  It binds to the event loop of the
 first call made from inside one, and rebinds if the transport is later used from another
-loop (the old loop is gone, and its timers with it).
+loop (the old loop is gone, and its timers with it).  ``current_loop`` names the loop a
+call runs on, for the transport's one check per request: a request from another loop
+hands the transport over to it (``BulkheadTransport``'s theory of operation).
 
 * asyncio: ``loop.call_later`` handles; no task exists unless a callback needs one.
 * trio (which has no ``call_later``): one system task sleeps until the earliest deadline
@@ -41,10 +43,28 @@ from typing import Any, TypeVar
 
 from ._log import logger
 
-__all__ = ["Callback", "TimerHandle", "Timers"]
+__all__ = ["Callback", "TimerHandle", "Timers", "current_loop"]
 
 T = TypeVar("T")
 Callback = Callable[[], "Awaitable[None] | None"]
+
+
+#: asyncio's running loop or ``None``, without raising (C; exported by ``asyncio``).
+_running_loop = asyncio._get_running_loop
+
+
+def current_loop() -> object:
+    """The event loop this call runs on: asyncio's loop, else trio's run (its token), else
+    ``None``.  About 0.1 us under asyncio: the transport calls it once per request."""
+    loop = _running_loop()
+    if loop is not None:
+        return loop
+    try:
+        import trio  # only reached under trio (or outside any loop)
+
+        return trio.lowlevel.current_trio_token()
+    except (ImportError, RuntimeError):
+        return None
 
 
 class TimerHandle:

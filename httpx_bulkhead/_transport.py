@@ -1,4 +1,30 @@
-"""``BulkheadTransport``: routes each request to its compartment and maps the outcome."""
+"""``BulkheadTransport``: routes each request to its compartment and maps the outcome.
+
+Theory of operation: one event loop at a time
+---------------------------------------------
+Connections, waiters and timers belong to the event loop they were made on.  The transport
+belongs to the loop of its latest request: the first request binds it, and a request from
+another loop (a module-level client used by ``asyncio.run`` twice, or by pytest's
+per-test loops; ``trio.run`` twice) hands it over before it is routed.  The hand-over
+(``_adopt``) is synchronous, so no other request can slip in half-way:
+
+* every connection of the old loop is discarded (counted as ``loop_changed``) and its
+  socket closed without the old loop (a closed loop runs nothing; an open one that is not
+  running finishes closing it if it runs again), HTTP/1.1 and HTTP/2 alike;
+* waiters of the old loop, for a slot or a connection, leave the queues unwoken (waking a
+  task of a closed loop raises), counted as ``cancelled_waiting``;
+* timers rebind to the new loop, and those armed on the old one (idle sweeps, an adaptive
+  limit's headroom test) are armed again;
+* a request still under way on the old loop is not carried over: its connection is closed
+  (if its loop runs again, it fails with an httpx error), a dial it started is closed when
+  it completes (``TransportClosed``, naming the hand-over), and the slot it holds is held
+  until it ends, as any request's.  ``asyncio.run`` and ``trio.run`` end every task before
+  they return, so in their case nothing is under way by then.
+
+So counters stay consistent across the hand-over (nothing in use, idle or waiting is left
+from the old loop), and using one transport from two loops *at once* (threads) is not
+supported.  The cost per request is one call and one identity comparison.
+"""
 
 from __future__ import annotations
 
@@ -26,13 +52,15 @@ from ._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
 from ._stats import EVICTED, CompartmentStats, fold_evicted
-from ._timers import Timers
+from ._timers import Timers, current_loop
 
 __all__ = ["BulkheadTransport"]
 
 #: ``DEFAULT_PORTS`` by raw (bytes) scheme, as the URL gives it without decoding.
 _DEFAULT_PORTS = {scheme.encode("ascii"): port for scheme, port in DEFAULT_PORTS.items()}
 _modules = sys.modules
+
+_NO_LOOP = object()  # before the first request (``current_loop`` may say ``None``)
 
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
@@ -150,7 +178,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._clock = _clock
         self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
         self._timers = Timers()
-        self._unbound = True
+        self._loop: object = _NO_LOOP  # the event loop that owns the transport
         self._evicted: CompartmentStats | None = None
         self._events = Events()  # the exporters' per-event figures (``_events.py``)
         self._router: Router[Compartment] = Router(
@@ -211,15 +239,38 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                 return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
-        if self._unbound:  # the first request: remember the loop that owns the transport
-            self._timers.bind()
-            self._unbound = not self._timers.bound
+        if current_loop() is not self._loop:  # the first request, or one from a new loop
+            await self._adopt()
         origin = _origin(request)
         router = self._router
         compartment = router.route(origin, request.url.path)
         if router.retired:
             await self._retire()
         return await compartment.handle(request, origin)
+
+    async def _adopt(self) -> None:
+        """The loop of this request takes the transport over (see the module docstring):
+        the old loop's connections and waiters are dropped before the first await; closing
+        the connections is then finished here, shielded (they are aborted already)."""
+        first, self._loop = self._loop is _NO_LOOP, current_loop()
+        self._timers.bind()  # (hand-offs from other threads now come to this loop)
+        if first:
+            return
+        closings: list[Awaitable[None]] = []
+        for compartment in list(self._router.compartments.values()):
+            closing = compartment.abandon()
+            if closing is not None:
+                closings.append(closing)
+            log_debug(
+                "loop_changed",
+                compartment.name,
+                "the transport is used from another event loop: the connections and"
+                " waiters of the loop it left are dropped",
+                reason="loop_changed",
+            )
+        with anyio.CancelScope(shield=True):
+            for finishing in closings:
+                await finishing
 
     async def _retire(self) -> None:
         """Close what the router evicted and keep its counters.  The router no longer holds

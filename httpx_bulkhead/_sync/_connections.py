@@ -11,6 +11,12 @@ Connection accounting: every exchange started on a connection ends exactly once,
 ``end_exchange()`` (or ``end_abandoned()``, for a response nobody waits for), which pools,
 keeps (HTTP/2 stream reset) or closes the connection.
 
+One event loop at a time: every connection here belongs to the loop that opened it.  When
+the transport moves to another loop (``BulkheadHTTPTransport`` sees a request from it),
+``abandon`` discards them all (``loop_changed``), closes their sockets without the old loop
+(``NetStream.abort``), forgets the sweep armed there and drops the old loop's waiters; a
+dial still under way on the old loop is closed when it completes (the pool's ``epoch``).
+
 Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
 already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
 re-arms for the next deadline.  So at most one timer per compartment is pending, and it
@@ -19,6 +25,7 @@ fires about once per idle deadline, not per request.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from collections.abc import Callable
@@ -42,7 +49,14 @@ from .._blocking import NetStream
 from .._threads import TimerHandle, Timers
 from ._trace import TraceFn
 
-__all__ = ["Connections", "Lease"]
+__all__ = ["LOOP_LEFT", "Connections", "Lease"]
+
+#: Why a request still under way on an event loop the transport has left is refused.
+LOOP_LEFT = (
+    "the transport is now used from another event loop: a request still under way on the"
+    " loop it left cannot go on (one event loop uses a transport at a time; its"
+    " connections were closed)"
+)
 
 #: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
 #: pool's record of it.  A request holds one from checkout to the end of its exchange.
@@ -120,6 +134,7 @@ class Connections(ConnectionListener):
         waited = 0.0
         while True:
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
+            epoch = self.pool.epoch  # (a grant is void once the pool is abandoned)
             if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
                 self._close_all(to_close)
             if grant is None:
@@ -139,7 +154,7 @@ class Connections(ConnectionListener):
                         self._close_all(self.pool.discard(grant, DISCARDS[verdict]))
                         continue
                 return grant, waited
-            return self._dial(request, origin, connect_timeout, timeouts), waited
+            return self._dial(request, origin, connect_timeout, timeouts, epoch), waited
 
     def _dial(
         self,
@@ -147,6 +162,7 @@ class Connections(ConnectionListener):
         origin: Origin,
         connect_timeout: float | None,
         timeouts: Timeouts | None,
+        epoch: int,
     ) -> Lease:
         trace: TraceFn | None = request.extensions.get("trace")
         by_deadline = False
@@ -156,14 +172,17 @@ class Connections(ConnectionListener):
             stream = self._connector.connect(request, timeout=connect_timeout, trace=trace)
             conn = self._speak(request, origin, stream, connect_timeout)
         except BaseException as exc:
-            self._close_all(self.pool.dial_failed(origin))
+            self._close_all(self.pool.dial_failed(origin, epoch=epoch))
             if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
                 raise timeouts.expired("while connecting", request) from exc
             raise
         lease = self.open[conn] = PoolEntry(origin, conn)
         multiplexed = isinstance(conn, HTTP2Connection)
-        self._close_all(self.pool.dialed(lease, self._clock(), multiplexed=multiplexed))
+        now = self._clock()
+        self._close_all(self.pool.dialed(lease, now, multiplexed=multiplexed, epoch=epoch))
         self._close_pending()
+        if not lease.in_pool:  # opened on a loop the transport has left (``abandon``)
+            raise TransportClosed(LOOP_LEFT, request=request)
         return lease
 
     def _speak(
@@ -398,6 +417,25 @@ class Connections(ConnectionListener):
             "acquire_timeout", self._name, "no connection in time (%s)", load, reason="connection"
         )
         raise acquire_timeout(self._name, "connection", self._policy, request, load)
+
+    def abandon(self) -> None:
+        """The transport moved to another event loop: everything here belongs to the old
+        one.  Every connection is discarded (``loop_changed``) and aborted now, without the
+        old loop (``NetStream.abort``); the returned awaitable, awaited on the new loop,
+        finishes closing them.  Waiters of the old loop leave the queues unwoken, and the
+        sweep armed there is forgotten (the next is armed on the new loop)."""
+        self.pool.abandon(list(self.open.values()))
+        self._closing = []  # (discarded already: they are in ``open`` until closed)
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep, self._sweep_at = None, math.inf
+        stranded = list(self.open.values())
+        for lease in stranded:
+            # A task of a closed loop still waiting on the connection cannot be woken:
+            # waking it raises "Event loop is closed" (the socket is closed first).
+            with contextlib.suppress(RuntimeError):
+                lease.conn.abort()
+        return self._close_all(stranded) if stranded else None
 
     def retire(self) -> None:
         """No more connections: close the idle ones (the call finishes)."""

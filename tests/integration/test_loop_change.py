@@ -1,0 +1,217 @@
+"""One transport used by one event loop, then by another (``BulkheadTransport``'s theory of
+operation, "one event loop at a time").
+
+A module-level client is the common case: ``asyncio.run`` called twice in a script, or
+pytest's per-test loops, or ``trio.run`` twice.  Before the hand-over existed, the second
+loop's request found the first loop's pooled connection and failed with a raw
+``RuntimeError: Event loop is closed`` (asyncio).  So these tests run each loop
+themselves (no anyio plugin: each test is several runs), against hypercorn on 127.0.0.1,
+and check what the user sees (every request succeeds), what the counters say (the old
+loop's connection is a ``loop_changed`` discard; nothing in use, idle or waiting is left
+from it) and what the process holds (no descriptor left open, no ``ResourceWarning``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from httpx_bulkhead import BulkheadTransport, Policy, TransportClosed
+from tests.resources import FdSnapshot, assert_no_fd_growth
+from tests.servers import HypercornServer, TestApp
+
+BACKENDS = ["asyncio", "trio"]
+PROTOCOLS = ["HTTP/1.1", "HTTP/2"]
+
+
+def run(backend: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+    """One event loop, from start to end, as a script's ``asyncio.run``/``trio.run``."""
+    if backend == "asyncio":
+
+        async def main() -> Any:
+            return await fn()
+
+        return asyncio.run(main())
+    return trio.run(fn)
+
+
+def transport_for(protocol: str, **kwargs: Any) -> BulkheadTransport:
+    """HTTP/2 over cleartext (prior knowledge, hypercorn speaks h2c) or HTTP/1.1."""
+    http2 = protocol == "HTTP/2"
+    return BulkheadTransport(http1=not http2, http2=http2, **kwargs)
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[FdSnapshot]:
+    """The descriptors before the test's server starts; and, at the end, no
+    ``ResourceWarning`` from what the collector finds (an unclosed socket or transport)."""
+    before = FdSnapshot.take()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        yield before
+        gc.collect()
+    leaks = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, [str(w.message) for w in leaks]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_transport_reused_on_a_new_loop_discards_the_old_loops_connections(
+    backend: str, protocol: str, no_leaks: FdSnapshot
+) -> None:
+    with HypercornServer(TestApp()) as srv:
+        transport = transport_for(protocol)
+        client = httpx.AsyncClient(transport=transport)  # made outside any loop
+
+        async def get() -> httpx.Response:
+            return await client.get(f"{srv.url}/echo")
+
+        for run_number in range(3):
+            response = run(backend, get)
+            assert response.status_code == 200
+            assert response.http_version == protocol
+            stats = transport.statistics()[srv.url]
+            assert stats.loop_changed == run_number  # each earlier loop's one connection
+            assert stats.connections_created == run_number + 1
+            assert (stats.connections, stats.idle_connections, stats.in_use_connections) == (
+                1,
+                1,
+                0,
+            )
+            assert (stats.running, stats.waiting, stats.waiting_for_connection) == (0, 0, 0)
+            assert stats.completed == run_number + 1 and stats.failed == 0
+            assert stats.http2_connections == (protocol == "HTTP/2")
+        run(backend, client.aclose)
+        assert transport.statistics()[srv.url].closed == 1
+    assert_no_fd_growth(no_leaks, f"{backend} {protocol}")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_old_loops_sockets_are_closed_at_the_hand_over(
+    protocol: str, no_leaks: FdSnapshot
+) -> None:
+    """Closed then, not when the transport is closed or collected: the first loop's socket
+    is gone once the second loop's request has returned."""
+    with HypercornServer(TestApp()) as srv:
+        transport = transport_for(protocol)
+        client = httpx.AsyncClient(transport=transport)
+        before_first = FdSnapshot.take()
+
+        async def get() -> None:
+            (await client.get(f"{srv.url}/echo")).raise_for_status()
+
+        run("asyncio", get)
+        first = FdSnapshot.take().growth(before_first)  # our socket, the server's side
+        assert first
+        run("asyncio", get)
+        still_open = set(first) & set(FdSnapshot.take().targets)
+        # The server closes its side in its own time; ours must be gone already.
+        ours = [t for t in still_open if _is_client_socket(t, srv.port)]
+        assert not ours, ours
+        run("asyncio", client.aclose)
+    assert_no_fd_growth(no_leaks, protocol)
+
+
+def _is_client_socket(target: str, port: int) -> bool:
+    """Whether ``socket:[inode]`` is a TCP socket of ours to ``port`` (from /proc/net/tcp)."""
+    inode = target.removeprefix("socket:[").removesuffix("]")
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if fields[9] == inode and remote_port == port:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_request_under_way_on_the_loop_left_fails_cleanly_and_gives_its_slot_back(
+    protocol: str, no_leaks: FdSnapshot
+) -> None:
+    """asyncio only: a loop can stop (``run_until_complete`` returns) with a request
+    parked in the server; ``trio.run`` ends every task before it returns."""
+    app = TestApp()
+    gate = app.gate("parked")
+    with HypercornServer(app) as srv:
+        transport = transport_for(protocol, default=Policy(max_concurrency=2))
+        client = httpx.AsyncClient(transport=transport)
+        first = asyncio.new_event_loop()
+        try:
+            parked = first.create_task(client.get(f"{srv.url}/gate/parked"))
+            first.run_until_complete(gate.until_entered(1))  # the loop stops; it waits on
+            assert not parked.done()
+
+            async def get() -> httpx.Response:
+                return await client.get(f"{srv.url}/echo")
+
+            response = run("asyncio", get)  # a second loop takes the transport over
+            assert response.status_code == 200
+            stats = transport.statistics()[srv.url]
+            assert stats.loop_changed == 1  # the parked request's connection
+            assert stats.running == 1  # its slot: held until it ends
+            assert (stats.connections, stats.idle_connections) == (1, 1)
+
+            gate.open()
+            first.run_until_complete(asyncio.wait([parked]))  # the first loop runs again
+            error = parked.exception()
+            assert isinstance(error, httpx.TransportError), repr(error)
+            assert not isinstance(error, TransportClosed)  # its connection was closed
+        finally:
+            first.run_until_complete(first.shutdown_asyncgens())
+            first.close()
+        stats = transport.statistics()[srv.url]
+        assert (stats.running, stats.failed, stats.completed) == (0, 1, 1)
+        assert (stats.connections, stats.idle_connections, stats.in_use_connections) == (1, 1, 0)
+        run("asyncio", client.aclose)
+    assert_no_fd_growth(no_leaks, protocol)
+
+
+def test_waiters_of_the_loop_left_leave_the_queues(no_leaks: FdSnapshot) -> None:
+    """A waiter for a slot stranded on a stopped loop is dropped at the hand-over (counted
+    as ``cancelled_waiting``), so a slot the new loop frees is not handed to it; the new
+    loop's requests queue behind nobody."""
+    app = TestApp()
+    gate = app.gate("held")
+    with HypercornServer(app) as srv:
+        transport = BulkheadTransport(default=Policy(max_concurrency=1))
+        client = httpx.AsyncClient(transport=transport)
+        first = asyncio.new_event_loop()
+        try:
+            holder = first.create_task(client.get(f"{srv.url}/gate/held"))
+            waiter = first.create_task(client.get(f"{srv.url}/echo"))
+            first.run_until_complete(gate.until_entered(1))
+            assert transport.statistics()[srv.url].waiting == 1
+
+            async def two() -> list[int]:
+                gate.open()  # (the holder's slot stays held: its loop is stopped)
+                return [(await client.get(f"{srv.url}/echo")).status_code]
+
+            # The one slot is held by the first loop's request, which the hand-over does
+            # not end: the new request waits for it, within its acquire budget.
+            with pytest.raises(httpx.PoolTimeout):
+                run("asyncio", lambda: _with_pool_timeout(client, srv.url))
+            stats = transport.statistics()[srv.url]
+            assert (stats.waiting, stats.cancelled_waiting, stats.running) == (0, 1, 1)
+            first.run_until_complete(asyncio.wait([holder]))  # its connection was closed
+            assert isinstance(holder.exception(), httpx.TransportError)
+            assert run("asyncio", two) == [200]
+            waiter.cancel()
+            first.run_until_complete(asyncio.wait([waiter]))
+        finally:
+            first.run_until_complete(first.shutdown_asyncgens())
+            first.close()
+        stats = transport.statistics()[srv.url]
+        assert (stats.running, stats.waiting) == (0, 0)
+        run("asyncio", client.aclose)
+    assert_no_fd_growth(no_leaks)
+
+
+async def _with_pool_timeout(client: httpx.AsyncClient, url: str) -> None:
+    await client.get(f"{url}/echo", timeout=httpx.Timeout(5.0, pool=0.05))
