@@ -317,6 +317,7 @@ class Compartment:
         limiter, pool = self.slots.limiter, self.connections.pool
         return not (limiter.running or limiter.waiting or pool.waiting) and pool.total == pool.idle
 
+    # unasync: skip
     def abandon(self) -> Awaitable[None] | None:
         """The transport moved to another event loop: the old loop's connections are
         discarded and its waiters (for a slot, for a connection) leave the queues unwoken
@@ -327,6 +328,7 @@ class Compartment:
             self.adaptive.rearm()
         return self.connections.abandon()
 
+    # unasync: end
     def retire(self) -> Awaitable[None] | None:
         """Evicted at rest: refuse new work, close the idle connections (the returned
         awaitable finishes closing them).  The router no longer routes to it."""

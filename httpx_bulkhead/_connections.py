@@ -9,11 +9,9 @@ Connection accounting: every exchange started on a connection ends exactly once,
 ``end_exchange()`` (or ``end_abandoned()``, for a response nobody awaits), which pools,
 keeps (HTTP/2 stream reset) or closes the connection.
 
-One event loop at a time: every connection here belongs to the loop that opened it.  When
-the transport moves to another loop (``BulkheadTransport`` sees a request from it),
-``abandon`` discards them all (``loop_changed``), closes their sockets without the old loop
-(``NetStream.abort``), forgets the sweep armed there and drops the old loop's waiters; a
-dial still under way on the old loop is closed when it completes (the pool's ``epoch``).
+One loop at a time: every connection here belongs to the loop that opened it; when the
+transport changes hands (``abandon``, asyncio and trio only) a dial still under way on the
+old loop is closed when it completes (the pool's ``epoch``).
 
 Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
 already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
@@ -49,11 +47,11 @@ from ._trace import TraceFn
 
 __all__ = ["LOOP_LEFT", "Connections", "Lease"]
 
-#: Why a request still under way on an event loop the transport has left is refused.
+#: Why a request still under way on a loop the transport has left is refused.
 LOOP_LEFT = (
-    "the transport is now used from another event loop: a request still under way on the"
-    " loop it left cannot go on (one event loop uses a transport at a time; its"
-    " connections were closed)"
+    "the transport was taken over by another loop (asyncio or trio run) while this request"
+    " was under way: it cannot go on here (one loop uses a transport at a time; the"
+    " connections of this one were closed)"
 )
 
 #: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
@@ -416,6 +414,7 @@ class Connections(ConnectionListener):
         )
         raise acquire_timeout(self._name, "connection", self._policy, request, load)
 
+    # unasync: skip
     def abandon(self) -> Awaitable[None] | None:
         """The transport moved to another event loop: everything here belongs to the old
         one.  Every connection is discarded (``loop_changed``) and aborted now, without the
@@ -435,6 +434,7 @@ class Connections(ConnectionListener):
                 lease.conn.abort()
         return self._close_all(stranded) if stranded else None
 
+    # unasync: end
     def retire(self) -> Awaitable[None] | None:
         """No more connections: close the idle ones (the returned awaitable finishes)."""
         self._stop()

@@ -1,30 +1,4 @@
-"""``BulkheadTransport``: routes each request to its compartment and maps the outcome.
-
-Theory of operation: one event loop at a time
----------------------------------------------
-Connections, waiters and timers belong to the event loop they were made on.  The transport
-belongs to the loop of its latest request: the first request binds it, and a request from
-another loop (a module-level client used by ``asyncio.run`` twice, or by pytest's
-per-test loops; ``trio.run`` twice) hands it over before it is routed.  The hand-over
-(``_adopt``) is synchronous, so no other request can slip in half-way:
-
-* every connection of the old loop is discarded (counted as ``loop_changed``) and its
-  socket closed without the old loop (a closed loop runs nothing; an open one that is not
-  running finishes closing it if it runs again), HTTP/1.1 and HTTP/2 alike;
-* waiters of the old loop, for a slot or a connection, leave the queues unwoken (waking a
-  task of a closed loop raises), counted as ``cancelled_waiting``;
-* timers rebind to the new loop, and those armed on the old one (idle sweeps, an adaptive
-  limit's headroom test) are armed again;
-* a request still under way on the old loop is not carried over: its connection is closed
-  (if its loop runs again, it fails with an httpx error), a dial it started is closed when
-  it completes (``TransportClosed``, naming the hand-over), and the slot it holds is held
-  until it ends, as any request's.  ``asyncio.run`` and ``trio.run`` end every task before
-  they return, so in their case nothing is under way by then.
-
-So counters stay consistent across the hand-over (nothing in use, idle or waiting is left
-from the old loop), and using one transport from two loops *at once* (threads) is not
-supported.  The cost per request is one call and one identity comparison.
-"""
+"""``BulkheadTransport``: routes each request to its compartment and maps the outcome."""
 
 from __future__ import annotations
 
@@ -178,7 +152,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._clock = _clock
         self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
         self._timers = Timers()
-        self._loop: object = _NO_LOOP  # the event loop that owns the transport
+        self._loop: object = _NO_LOOP  # the loop that owns the transport (``current_loop``)
         self._evicted: CompartmentStats | None = None
         self._events = Events()  # the exporters' per-event figures (``_events.py``)
         self._router: Router[Compartment] = Router(
@@ -249,13 +223,45 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         return await compartment.handle(request, origin)
 
     async def _adopt(self) -> None:
-        """The loop of this request takes the transport over (see the module docstring):
-        the old loop's connections and waiters are dropped before the first await; closing
-        the connections is then finished here, shielded (they are aborted already)."""
-        first, self._loop = self._loop is _NO_LOOP, current_loop()
+        """The first request binds the transport (its timers) to the loop it runs on."""
+        previous, self._loop = self._loop, current_loop()
         self._timers.bind()  # (hand-offs from other threads now come to this loop)
-        if first:
-            return
+        # unasync: skip
+        if previous is not _NO_LOOP:
+            await self._abandon()
+        # unasync: end
+
+    # unasync: skip
+    async def _abandon(self) -> None:
+        """A request from another event loop takes the transport over.
+
+        Theory of operation: one event loop at a time
+        ---------------------------------------------
+        Connections, waiters and timers belong to the event loop they were made on.  The
+        transport belongs to the loop of its latest request: the first request binds it,
+        and a request from another loop (a module-level client used by ``asyncio.run``
+        twice, or by pytest's per-test loops; ``trio.run`` twice) hands it over before it
+        is routed (``handle_async_request``: one call and one identity comparison per
+        request).  The hand-over is synchronous up to the closing of sockets, so no other
+        request can slip in half-way:
+
+        * every connection of the old loop is discarded (counted as ``loop_changed``) and
+          its socket closed without the old loop (a closed loop runs nothing; an open one
+          that is not running finishes closing it when it runs again), HTTP/1.1 and
+          HTTP/2 alike (``Connections.abandon``, ``Pool.abandon``);
+        * waiters of the old loop, for a slot or a connection, leave the queues unwoken
+          (waking a task of a closed loop raises), counted as ``cancelled_waiting``;
+        * timers rebind to the new loop, and those armed on the old one (idle sweeps, an
+          adaptive limit's headroom test) are armed again;
+        * a request still under way on the old loop is not carried over: its connection
+          is closed (if its loop runs again, it fails with an httpx error), a dial it
+          started is closed when it completes (``TransportClosed``, naming the
+          hand-over), and the slot it holds is held until it ends, as any request's.
+          ``asyncio.run`` and ``trio.run`` end every task before they return, so in
+          their case nothing is under way by then.
+
+        So the counters hold nothing in use, idle or waiting from the old loop.  Using one
+        transport from two loops *at once* (threads) is not supported."""
         closings: list[Awaitable[None]] = []
         for compartment in list(self._router.compartments.values()):
             closing = compartment.abandon()
@@ -271,6 +277,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         with anyio.CancelScope(shield=True):
             for finishing in closings:
                 await finishing
+
+    # unasync: end
 
     async def _retire(self) -> None:
         """Close what the router evicted and keep its counters.  The router no longer holds

@@ -308,16 +308,6 @@ class Compartment:
         limiter, pool = self.slots.limiter, self.connections.pool
         return not (limiter.running or limiter.waiting or pool.waiting) and pool.total == pool.idle
 
-    def abandon(self) -> None:
-        """The transport moved to another event loop: the old loop's connections are
-        discarded and its waiters (for a slot, for a connection) leave the queues unwoken
-        (``Connections.abandon``); slots held by requests still under way there stay held
-        until those requests end.  The returned awaitable finishes closing connections."""
-        self.slots.limiter.abandon()
-        if self.adaptive is not None:
-            self.adaptive.rearm()
-        return self.connections.abandon()
-
     def retire(self) -> None:
         """Evicted at rest: refuse new work, close the idle connections (the call
         finishes closing them).  The router no longer routes to it."""

@@ -11,11 +11,9 @@ Connection accounting: every exchange started on a connection ends exactly once,
 ``end_exchange()`` (or ``end_abandoned()``, for a response nobody waits for), which pools,
 keeps (HTTP/2 stream reset) or closes the connection.
 
-One event loop at a time: every connection here belongs to the loop that opened it.  When
-the transport moves to another loop (``BulkheadHTTPTransport`` sees a request from it),
-``abandon`` discards them all (``loop_changed``), closes their sockets without the old loop
-(``NetStream.abort``), forgets the sweep armed there and drops the old loop's waiters; a
-dial still under way on the old loop is closed when it completes (the pool's ``epoch``).
+One loop at a time: every connection here belongs to the loop that opened it; when the
+transport changes hands (``abandon``, asyncio and trio only) a dial still under way on the
+old loop is closed when it completes (the pool's ``epoch``).
 
 Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
 already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
@@ -51,11 +49,11 @@ from ._trace import TraceFn
 
 __all__ = ["LOOP_LEFT", "Connections", "Lease"]
 
-#: Why a request still under way on an event loop the transport has left is refused.
+#: Why a request still under way on a loop the transport has left is refused.
 LOOP_LEFT = (
-    "the transport is now used from another event loop: a request still under way on the"
-    " loop it left cannot go on (one event loop uses a transport at a time; its"
-    " connections were closed)"
+    "the transport was taken over by another loop (asyncio or trio run) while this request"
+    " was under way: it cannot go on here (one loop uses a transport at a time; the"
+    " connections of this one were closed)"
 )
 
 #: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
@@ -417,25 +415,6 @@ class Connections(ConnectionListener):
             "acquire_timeout", self._name, "no connection in time (%s)", load, reason="connection"
         )
         raise acquire_timeout(self._name, "connection", self._policy, request, load)
-
-    def abandon(self) -> None:
-        """The transport moved to another event loop: everything here belongs to the old
-        one.  Every connection is discarded (``loop_changed``) and aborted now, without the
-        old loop (``NetStream.abort``); the returned awaitable, awaited on the new loop,
-        finishes closing them.  Waiters of the old loop leave the queues unwoken, and the
-        sweep armed there is forgotten (the next is armed on the new loop)."""
-        self.pool.abandon(list(self.open.values()))
-        self._closing = []  # (discarded already: they are in ``open`` until closed)
-        if self._sweep is not None:
-            self._sweep.cancel()
-        self._sweep, self._sweep_at = None, math.inf
-        stranded = list(self.open.values())
-        for lease in stranded:
-            # A task of a closed loop still waiting on the connection cannot be woken:
-            # waking it raises "Event loop is closed" (the socket is closed first).
-            with contextlib.suppress(RuntimeError):
-                lease.conn.abort()
-        return self._close_all(stranded) if stranded else None
 
     def retire(self) -> None:
         """No more connections: close the idle ones (the call finishes)."""

@@ -338,7 +338,7 @@ class HTTP2Connection:
         self._net.close()
 
     def abort(self) -> None:
-        self._net.abort()  # first: waking a stream may fail (a task of a closed loop)
+        self._net.abort()  # first: waking a stream may fail (its loop may be closed)
         self._break(httpx.ReadError, "connection closed")
 
     @property
