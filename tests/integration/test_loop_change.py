@@ -24,8 +24,9 @@ import pytest
 import trio
 
 from httpx_bulkhead import BulkheadTransport, Policy, TransportClosed
+from tests.conftest import until
 from tests.resources import FdSnapshot, assert_no_fd_growth
-from tests.servers import HypercornServer, TestApp
+from tests.servers import HypercornServer, TestApp, default_server_tls
 
 BACKENDS = ["asyncio", "trio"]
 PROTOCOLS = ["HTTP/1.1", "HTTP/2"]
@@ -43,7 +44,8 @@ def run(backend: str, fn: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def transport_for(protocol: str, **kwargs: Any) -> BulkheadTransport:
-    """HTTP/2 over cleartext (prior knowledge, hypercorn speaks h2c) or HTTP/1.1."""
+    """HTTP/2 (over cleartext: prior knowledge, hypercorn speaks h2c; over TLS: ALPN) or
+    HTTP/1.1."""
     http2 = protocol == "HTTP/2"
     return BulkheadTransport(http1=not http2, http2=http2, **kwargs)
 
@@ -61,13 +63,16 @@ def no_leaks() -> Iterator[FdSnapshot]:
     assert not leaks, [str(w.message) for w in leaks]
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_transport_reused_on_a_new_loop_discards_the_old_loops_connections(
-    backend: str, protocol: str, no_leaks: FdSnapshot
+    backend: str, protocol: str, tls: bool, no_leaks: FdSnapshot
 ) -> None:
-    with HypercornServer(TestApp()) as srv:
-        transport = transport_for(protocol)
+    server_tls = default_server_tls() if tls else None
+    with HypercornServer(TestApp(), tls=server_tls) as srv:
+        verify = True if server_tls is None else server_tls.client_ssl_context()
+        transport = transport_for(protocol, verify=verify)
         client = httpx.AsyncClient(transport=transport)  # made outside any loop
 
         async def get() -> httpx.Response:
@@ -215,3 +220,28 @@ def test_waiters_of_the_loop_left_leave_the_queues(no_leaks: FdSnapshot) -> None
 
 async def _with_pool_timeout(client: httpx.AsyncClient, url: str) -> None:
     await client.get(f"{url}/echo", timeout=httpx.Timeout(5.0, pool=0.05))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_idle_expiry_runs_on_the_new_loop(backend: str, no_leaks: FdSnapshot) -> None:
+    """The first loop armed the idle sweep, then ended before it fired: the new loop's
+    idle connection still expires with no traffic (the sweep is armed again there, not
+    left to the old loop's timer, which will never fire)."""
+    with HypercornServer(TestApp()) as srv:
+        transport = BulkheadTransport(default=Policy(idle_timeout=0.3))
+        client = httpx.AsyncClient(transport=transport)
+
+        async def get() -> None:
+            (await client.get(f"{srv.url}/echo")).raise_for_status()
+
+        async def get_then_idle() -> None:
+            await get()
+            stats = transport.statistics
+            await until(lambda: stats()[srv.url].idle_expired == 1, timeout=5)
+            assert stats()[srv.url].connections == 0
+
+        run(backend, get)  # armed, and never fired: the loop is gone
+        run(backend, get_then_idle)
+        assert transport.statistics()[srv.url].loop_changed == 1
+        run(backend, client.aclose)
+    assert_no_fd_growth(no_leaks, backend)
