@@ -70,6 +70,7 @@ __all__ = [
     "getaddrinfo",
     "iterate_unlocked",
     "move_on_after",
+    "running_loop",
     "sleep",
 ]
 
@@ -410,6 +411,8 @@ def current_loop() -> object:
     (the loop lock), so this is always the same and a sync transport never changes hands."""
     return _THREADS_LOOP
 
+
+running_loop = current_loop  # (``_timers.running_loop``'s twin)
 
 _THREADS_LOOP = object()
 

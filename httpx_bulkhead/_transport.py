@@ -26,7 +26,7 @@ from ._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
 from ._stats import EVICTED, CompartmentStats, fold_evicted
-from ._timers import Timers, current_loop
+from ._timers import Timers, current_loop, running_loop
 
 __all__ = ["BulkheadTransport"]
 
@@ -213,7 +213,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                 return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
-        if current_loop() is not self._loop:  # the first request, or one from a new loop
+        # The first request, or one from another loop (asyncio: one C call; trio: two).
+        if running_loop() is not self._loop and current_loop() is not self._loop:
             await self._adopt()
         origin = _origin(request)
         router = self._router
