@@ -119,18 +119,24 @@ class Connections(ConnectionListener):
         connect_timeout: float | None,
         timeouts: Timeouts | None = None,
         fresh: bool = False,
+        epoch: int | None = None,
     ) -> tuple[Lease, float]:
         """A connection for ``request``: one with spare capacity (most recently used first),
         a new one, or, when ``max_connections`` is reached, the next one freed (FIFO).  Also
-        returns the seconds spent waiting for it (not counting the connect).
+        returns the seconds spent waiting for it (not counting the connect).  ``epoch``: the
+        pool's when the request began (``None``: now); a request that outlived it (its loop
+        left the transport to another) gets nothing.
 
         Raises:
             AcquireTimeout, TransportClosed, httpx.ConnectError, httpx.ConnectTimeout.
         """
         waited = 0.0
+        if epoch is None:
+            epoch = self.pool.epoch
         while True:
+            if epoch != self.pool.epoch:  # another loop took the transport over meanwhile
+                raise TransportClosed(LOOP_LEFT, request=request)
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
-            epoch = self.pool.epoch  # (a grant is void once the pool is abandoned)
             if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
                 await self._close_all(to_close)
             if grant is None:

@@ -136,12 +136,16 @@ def _is_client_socket(target: str, port: int) -> bool:
     return False
 
 
+@pytest.mark.parametrize("reused", [False, True], ids=["new", "reused"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_request_under_way_on_the_loop_left_fails_cleanly_and_gives_its_slot_back(
-    protocol: str, no_leaks: FdSnapshot
+    protocol: str, reused: bool, no_leaks: FdSnapshot
 ) -> None:
     """asyncio only: a loop can stop (``run_until_complete`` returns) with a request
-    parked in the server; ``trio.run`` ends every task before it returns."""
+    parked in the server; ``trio.run`` ends every task before it returns.  When that loop
+    runs again, the request fails naming the hand-over, and is not sent again, not even
+    from a reused connection whose failure reads as stale (it would take the new loop's
+    connection, from the wrong loop)."""
     app = TestApp()
     gate = app.gate("parked")
     with HypercornServer(app) as srv:
@@ -149,6 +153,8 @@ def test_a_request_under_way_on_the_loop_left_fails_cleanly_and_gives_its_slot_b
         client = httpx.AsyncClient(transport=transport)
         first = asyncio.new_event_loop()
         try:
+            if reused:  # the parked request goes on a connection that served one already
+                first.run_until_complete(client.get(f"{srv.url}/echo"))
             parked = first.create_task(client.get(f"{srv.url}/gate/parked"))
             first.run_until_complete(gate.until_entered(1))  # the loop stops; it waits on
             assert not parked.done()
@@ -166,14 +172,15 @@ def test_a_request_under_way_on_the_loop_left_fails_cleanly_and_gives_its_slot_b
             gate.open()
             first.run_until_complete(asyncio.wait([parked]))  # the first loop runs again
             error = parked.exception()
-            assert isinstance(error, httpx.TransportError), repr(error)
-            assert not isinstance(error, TransportClosed)  # its connection was closed
+            assert isinstance(error, httpx.ReadError), repr(error)  # its connection closed
+            assert "taken over by another loop" in str(error)
         finally:
             first.run_until_complete(first.shutdown_asyncgens())
             first.close()
         stats = transport.statistics()[srv.url]
-        assert (stats.running, stats.failed, stats.completed) == (0, 1, 1)
+        assert (stats.running, stats.failed, stats.completed) == (0, 1, 1 + reused)
         assert (stats.connections, stats.idle_connections, stats.in_use_connections) == (1, 1, 0)
+        assert (stats.stale_retries, stats.replays, stats.connections_created) == (0, 0, 2)
         run("asyncio", client.aclose)
     assert_no_fd_growth(no_leaks, protocol)
 
@@ -245,3 +252,50 @@ def test_idle_expiry_runs_on_the_new_loop(backend: str, no_leaks: FdSnapshot) ->
         assert transport.statistics()[srv.url].loop_changed == 1
         run(backend, client.aclose)
     assert_no_fd_growth(no_leaks, backend)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_dial_the_loop_left_completes_later_is_closed_not_pooled(
+    protocol: str, no_leaks: FdSnapshot
+) -> None:
+    """A dial under way on the first loop when it stopped (held in a trace callback) frees
+    its place at the hand-over; when the first loop runs again and the dial completes,
+    the new connection is closed, not pooled beside the new loop's, and its request fails
+    with ``TransportClosed`` naming the hand-over."""
+    with HypercornServer(TestApp()) as srv:
+        transport = transport_for(protocol, default=Policy(max_connections=1))
+        client = httpx.AsyncClient(transport=transport)
+        first = asyncio.new_event_loop()
+        try:
+            dialing, go_on = asyncio.Event(), asyncio.Event()
+
+            async def hold_the_dial(event: str, info: dict[str, Any]) -> None:
+                if event == "connection.connect_tcp.complete":
+                    dialing.set()
+                    await go_on.wait()
+
+            request = client.build_request(
+                "GET", f"{srv.url}/echo", extensions={"trace": hold_the_dial}
+            )
+            late = first.create_task(client.send(request))
+            first.run_until_complete(dialing.wait())  # connected, not yet in the pool
+            assert transport.statistics()[srv.url].connections == 1  # its place
+
+            async def get() -> httpx.Response:
+                return await client.get(f"{srv.url}/echo")
+
+            assert run("asyncio", get).status_code == 200  # the place was freed for it
+            go_on.set()
+            first.run_until_complete(asyncio.wait([late]))
+            error = late.exception()
+            assert isinstance(error, TransportClosed), repr(error)
+            assert "taken over by another loop" in str(error)
+        finally:
+            first.run_until_complete(first.shutdown_asyncgens())
+            first.close()
+        stats = transport.statistics()[srv.url]
+        assert (stats.connections, stats.idle_connections, stats.in_use_connections) == (1, 1, 0)
+        assert (stats.loop_changed, stats.connections_created) == (1, 2)  # the late dial's
+        assert (stats.running, stats.completed, stats.failed) == (0, 1, 1)
+        run("asyncio", client.aclose)
+    assert_no_fd_growth(no_leaks, protocol)
