@@ -255,11 +255,12 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         * timers rebind to the new loop, and those armed on the old one (idle sweeps, an
           adaptive limit's headroom test) are armed again;
         * a request still under way on the old loop is not carried over: its connection
-          is closed (if its loop runs again, it fails with an httpx error), a dial it
-          started is closed when it completes (``TransportClosed``, naming the
-          hand-over), and the slot it holds is held until it ends, as any request's.
-          ``asyncio.run`` and ``trio.run`` end every task before they return, so in
-          their case nothing is under way by then.
+          is closed, and if its loop runs again it fails naming the hand-over
+          (``httpx.ReadError`` or ``WriteError`` for a cut exchange, never sent again;
+          ``TransportClosed`` for a dial that completes late, closed, not pooled, or for
+          a connection it would need: the pool's ``epoch``); the slot it holds is held
+          until it ends, as any request's.  ``asyncio.run`` and ``trio.run`` end every
+          task before they return, so in their case nothing is under way by then.
 
         So the counters hold nothing in use, idle or waiting from the old loop.  Using one
         transport from two loops *at once* (threads) is not supported."""
