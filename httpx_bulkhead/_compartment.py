@@ -334,6 +334,8 @@ class Compartment:
         self.slots.limiter.abandon()
         if self.adaptive is not None:
             self.adaptive.rearm()
+        if self.fleet is not None:
+            self.fleet.abandon()
         return self.connections.abandon()
 
     # unasync: end

@@ -43,6 +43,7 @@ __all__ = [
     "NetStream",
     "NetworkStream",
     "StreamProtocol",
+    "close_stranded",
     "socket_readable",
 ]
 
@@ -348,7 +349,19 @@ class AsyncioStream:
             await asyncio.sleep(0)
 
 
-def _close_on_closed_loop(transport: asyncio.Transport) -> None:
+def close_stranded(transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``transport``, made on ``loop``, from another loop (the transport moved): now
+    if ``loop`` is closed (``_close_on_closed_loop``), else by ``abort()``, which ``loop``
+    finishes when it runs again.  Never raises."""
+    if loop.is_closed():
+        with contextlib.suppress(AttributeError):  # (its connection was lost already)
+            _close_on_closed_loop(transport)
+    else:
+        with contextlib.suppress(RuntimeError):
+            transport.abort()
+
+
+def _close_on_closed_loop(transport: asyncio.WriteTransport) -> None:
     """Close the socket of a transport whose event loop is closed, now: a transport reused
     on a new loop discards the old loop's connections, and ``abort()`` would leave the
     socket to a callback the closed loop never runs (then a ``ResourceWarning`` and the

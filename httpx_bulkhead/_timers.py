@@ -33,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import heapq
+import inspect
 import itertools
 import math
 import threading
@@ -187,6 +189,16 @@ class Timers:
             return None
 
 
+def _task_done(
+    tasks: set[asyncio.Task[None]], awaitable: Awaitable[None], task: asyncio.Task[None]
+) -> None:
+    tasks.discard(task)
+    # Cancelled before its first step (``asyncio.run`` ends with the task just spawned):
+    # the awaitable never started; closed, it says nothing ("never awaited" otherwise).
+    if task.cancelled() and inspect.iscoroutine(awaitable):
+        awaitable.close()
+
+
 async def _await_logged(awaitable: Awaitable[None]) -> None:
     try:
         await awaitable
@@ -226,7 +238,7 @@ class _Asyncio:
             return
         task = self.loop.create_task(_await_logged(awaitable))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(functools.partial(_task_done, self.tasks, awaitable))
 
     def call_soon_threadsafe(self, fn: Callable[[], Awaitable[None] | None]) -> bool:
         if self.loop.is_closed() or not self.loop.is_running():

@@ -254,6 +254,10 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
           (waking a task of a closed loop raises), counted as ``cancelled_waiting``;
         * timers rebind to the new loop, and those armed on the old one (idle sweeps, an
           adaptive limit's headroom test) are armed again;
+        * a fleet limit's own Redis client, listener and events are dropped (its sockets
+          closed without the old loop) and made anew on the new loop; leases given back
+          at the old loop's end are removed from Redis from the new one
+          (``FleetLimiter.abandon``);
         * a request still under way on the old loop is not carried over: its connection
           is closed, and if its loop runs again it fails naming the hand-over
           (``httpx.ReadError`` or ``WriteError`` for a cut exchange, never sent again;
@@ -262,8 +266,9 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
           until it ends, as any request's.  ``asyncio.run`` and ``trio.run`` end every
           task before they return, so in their case nothing is under way by then.
 
-        So the counters hold nothing in use, idle or waiting from the old loop.  Using one
-        transport from two loops *at once* (threads) is not supported."""
+        So the counters hold nothing in use, idle or waiting from the old loop.  ``aclose``
+        from another loop hands over first, then closes.  Using one transport from two
+        loops *at once* (threads) is not supported."""
         closings: list[Awaitable[None]] = []
         for compartment in list(self._router.compartments.values()):
             closing = compartment.abandon()
@@ -331,6 +336,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         the transport runs after this returns (its timers are stopped)."""
         if self._closed:
             return
+        if running_loop() is not self._loop and current_loop() is not self._loop:
+            await self._adopt()  # (from another loop: what the old one holds goes first)
         self._closed = True
         for compartment in list(self._router.compartments.values()):
             await compartment.aclose()

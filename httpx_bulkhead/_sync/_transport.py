@@ -272,6 +272,8 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
         the transport runs after this returns (its timers are stopped)."""
         if self._closed:
             return
+        if running_loop() is not self._loop and current_loop() is not self._loop:
+            self._adopt()  # (from another loop: what the old one holds goes first)
         self._closed = True
         for compartment in list(self._router.compartments.values()):
             compartment.close()

@@ -23,10 +23,11 @@ import httpx
 import pytest
 import trio
 
-from httpx_bulkhead import BulkheadTransport, Policy, TransportClosed
+from httpx_bulkhead import BulkheadTransport, Policy, RedisFleetLimit, TransportClosed
 from tests.conftest import until
 from tests.resources import FdSnapshot, assert_no_fd_growth
 from tests.servers import HypercornServer, TestApp, default_server_tls
+from tests.servers.redis import RedisServer
 
 BACKENDS = ["asyncio", "trio"]
 PROTOCOLS = ["HTTP/1.1", "HTTP/2"]
@@ -299,3 +300,33 @@ def test_a_dial_the_loop_left_completes_later_is_closed_not_pooled(
         assert (stats.running, stats.completed, stats.failed) == (0, 1, 1)
         run("asyncio", client.aclose)
     assert_no_fd_growth(no_leaks, protocol)
+
+
+def test_a_fleet_limit_follows_the_transport_to_a_new_loop(no_leaks: FdSnapshot) -> None:
+    """asyncio only (redis-py's client).  The fleet limiter's own Redis client, listener
+    task and events belong to the loop that made them: a new loop starts afresh, the old
+    client's sockets closed without the old loop; a lease given back at the very end of a
+    loop (its removal had no time to run there) is removed from the new one, so a fleet
+    limit of one admits the next loop's request without waiting for the lease's expiry."""
+    with RedisServer() as redis, HypercornServer(TestApp()) as srv:
+        origin = f"127.0.0.1:{srv.port}"
+        limit = RedisFleetLimit(
+            redis.url, key="loop-change", limit=1, on_unavailable="reject", redis_timeout=5.0
+        )
+        policy = Policy(fleet=limit, acquire_timeout=5.0)  # < the lease (30 s)
+        transport = BulkheadTransport(hosts={origin: policy})
+        client = httpx.AsyncClient(transport=transport)
+
+        async def get() -> httpx.Response:
+            return await client.get(f"{srv.url}/echo")
+
+        for run_number in range(3):
+            assert run("asyncio", get).status_code == 200
+            stats = transport.statistics()[origin]
+            assert (stats.running, stats.fleet_leases_held, stats.fleet_leases_local) == (0, 0, 0)
+            assert (stats.fleet_acquired, stats.fleet_fallbacks) == (run_number + 1, 0)
+            assert (stats.fleet_outages, stats.fleet_timeouts) == (0, 0)
+            assert stats.loop_changed == run_number
+        run("asyncio", client.aclose)
+        assert redis.client().zcard("loop-change:leases") == 0  # no lease left in Redis
+    assert_no_fd_growth(no_leaks, "fleet")
