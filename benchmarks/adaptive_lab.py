@@ -3,6 +3,8 @@ capacity changes mid-run.
 
     python -m benchmarks.adaptive_lab            # ~50 s; writes adaptive_lab.{json,md,png}
     python -m benchmarks.adaptive_lab --phase-seconds 3 --rate 120 --out /tmp/lab
+    python -m benchmarks.adaptive_lab --shed 8 --out /tmp/shed   # a dependency that sheds
+    python -m benchmarks.adaptive_lab --sigma 0.5 --out /tmp/wide  # latencies spread wide
 
 The dependency (``capacity_server.js``) has N workers and a FIFO queue beyond them, each
 request served in ``--service-ms`` (x U[0.9, 1.1]); N goes 16 -> 4 -> 24, one phase each.
@@ -27,6 +29,12 @@ before that) and queues behind the fewer workers; the report counts them in the 
 (``capacity_fell``) and says whether the slow ones alone exceed the 1% of the phase's
 responses a p99 leaves out: then the whole-phase p99 is bounded by them, and the issue's
 p99 target is read from 5 s into the phase.
+
+With ``--shed Q`` the dependency answers 503 at once to a request that finds Q already
+queued (``capacity_server.js --shed-queue``), and a fourth contestant joins:
+``AdaptiveLimit(algorithm="aimd", drop_statuses={503})``, driven by those refusals.  The
+report adds the refusals per contestant, and for AIMD where its limit sits against the
+``N + Q`` at which the dependency starts refusing (``shed_lines``).
 """
 
 from __future__ import annotations
@@ -53,6 +61,11 @@ HERE = Path(__file__).resolve().parent
 PHASES = (16, 4, 24)
 SAMPLE_EVERY = 0.05
 SETTLE_BAND = 0.25
+#: With ``--shed``: the AIMD contestant, driven by the dependency's 503s.
+SHED_CONTESTANT: tuple[str, AdaptiveLimit] = (
+    "aimd",
+    AdaptiveLimit(algorithm="aimd", drop_statuses=frozenset({503})),
+)
 
 
 @dataclass
@@ -75,13 +88,24 @@ class Contestant:
 class CapacityServer:
     """``node capacity_server.js``; commands over its stdin."""
 
-    def __init__(self, ports: int, service_ms: float, phases: list[tuple[float, int]]):
+    def __init__(
+        self,
+        ports: int,
+        service_ms: float,
+        phases: list[tuple[float, int]],
+        shed: int | None = None,
+        sigma: float | None = None,
+    ):
         node = shutil.which("node")
         if node is None:
             raise RuntimeError("the lab needs Node.js (`node`) on PATH")
         spec = ",".join(f"{seconds:g}:{n}" for seconds, n in phases)
         cmd = [node, str(HERE / "capacity_server.js"), "--ports", str(ports)]
         cmd += ["--service-ms", f"{service_ms:g}", "--phases", spec]
+        if shed is not None:
+            cmd += ["--shed-queue", str(shed)]
+        if sigma is not None:
+            cmd += ["--sigma", f"{sigma:g}"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.ports: list[int] = self._read()["ports"]
 
@@ -171,12 +195,16 @@ def warm() -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     phases = [(args.phase_seconds, n) for n in PHASES]
     total = args.phase_seconds * len(phases)
-    server = CapacityServer(3, args.service_ms, phases)
     entries: list[tuple[str, int | AdaptiveLimit]] = [
         ("static 64", 64),
         ("static 16", 16),
         ("adaptive", AdaptiveLimit()),
     ]
+    shed = getattr(args, "shed", None)
+    if shed is not None:
+        entries.append(SHED_CONTESTANT)
+    sigma = getattr(args, "sigma", None)
+    server = CapacityServer(len(entries), args.service_ms, phases, shed, sigma)
     rng = random.Random(args.seed)
     arrivals, t = [], 0.0
     while True:
@@ -289,6 +317,7 @@ def report(
                 "blind_max_ms": max(blind, default=0.0) * 1000,
                 "responses": len(ok),
                 "errors": sum(o not in ("ok", "rejected") for o in arrived),
+                "refused": sum(o == "status 503" for o in arrived),
                 "limit_min_after_5s": min(
                     (lim for t, lim in who.limits if start + 5 <= t < end), default=None
                 ),
@@ -307,6 +336,8 @@ def report(
         "service_ms": args.service_ms,
         "rate": args.rate,
         "phase_seconds": args.phase_seconds,
+        "shed": getattr(args, "shed", None),
+        "sigma": getattr(args, "sigma", None),
         "phases": [n for _, n in phases],
         "rows": rows,
         "limits": {who.name: who.limits for who in contestants},
@@ -381,14 +412,44 @@ def capacity_fell(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def shed_lines(result: dict[str, Any]) -> list[str]:
+    """With a dependency that sheds: where AIMD's limit sits against ``N + Q`` (the
+    concurrency at which the dependency starts refusing), and what it costs."""
+    shed = result.get("shed")
+    if shed is None:
+        return []
+    service = result["service_ms"]
+    by = {(r["phase"], r["contestant"]): r for r in result["rows"]}
+    lines = []
+    for phase, n in enumerate(result["phases"], 1):
+        aimd, gradient = by[(phase, "aimd")], by[(phase, "adaptive")]
+        best = max(by[(phase, name)]["goodput"] for name in ("static 64", "static 16"))
+        low, high = aimd["limit_min_after_5s"], aimd["limit_max_after_5s"]
+        sent = aimd["responses"] + aimd["refused"]
+        lines.append(
+            f"phase {phase} (N={n}, refusing from {n + shed} in flight): aimd's limit from 5 s"
+            f" in {low}-{high}, goodput {aimd['goodput'] / best:.1%} of the best static,"
+            f" {aimd['refused']} refused ({aimd['refused'] / max(sent, 1):.1%} of its answers),"
+            f" p99 {aimd['p99_ms'] / service:.2f}x (the dependency's queue, full);"
+            f" the gradient: {gradient['refused']} refused, goodput"
+            f" {gradient['goodput'] / best:.1%}, p99 {gradient['p99_ms'] / service:.2f}x"
+        )
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
+    shed = result.get("shed")
+    sigma = result.get("sigma")
+    spread = "x U[0.9, 1.1]" if sigma is None else f"x lognormal, sigma {sigma:g}"
     out = [
-        f"Service time {result['service_ms']:g} ms (x U[0.9, 1.1]), open-loop Poisson arrivals"
-        f" at {result['rate']:g}/s, {result['phase_seconds']:g} s per phase, max_pending=0.",
+        f"Service time {result['service_ms']:g} ms ({spread}), open-loop Poisson arrivals"
+        f" at {result['rate']:g}/s, {result['phase_seconds']:g} s per phase, max_pending=0"
+        + ("." if shed is None else f"; the dependency answers 503 beyond {shed} queued."),
         "",
         "| phase | N (capacity/s) | contestant | goodput/s | p50 | p99 | p99 from 5 s in |"
-        " rejected | limit from 5 s in | in band (N±25%) after, share from 5 s in |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---:|",
+        " rejected | limit from 5 s in | in band (N±25%) after, share from 5 s in |"
+        + ("" if shed is None else " refused (503) |"),
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|" + ("" if shed is None else "---:|"),
     ]
     for r in result["rows"]:
         lim = (
@@ -404,11 +465,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['phase']} | {r['N']} ({r['capacity']:.0f}/s) | {r['contestant']} |"
             f" {r['goodput']:.1f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms |"
             f" {r['p99_after_5s_ms']:.0f} ms | {r['rejected']} | {lim} | {settle} |"
+            + ("" if shed is None else f" {r['refused']} |")
         )
     out += ["", *(f"- {line}" for line in targets(result))]
     fell = capacity_fell(result)
     if fell:
         out += ["", *(f"- {line}" for line in fell)]
+    shedding = shed_lines(result)
+    if shedding:
+        out += ["", *(f"- {line}" for line in shedding)]
     return "\n".join(out) + "\n"
 
 
@@ -425,7 +490,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
         truth_t += [index * seconds, (index + 1) * seconds]
         truth_n += [n, n]
     ax.plot(truth_t, truth_n, color="black", linewidth=2, label="true N (workers)")
-    for name, style in (("adaptive", "-"), ("static 16", ":"), ("static 64", "--")):
+    if result.get("shed") is not None:
+        refusing = [n + result["shed"] for n in truth_n]
+        ax.plot(truth_t, refusing, color="grey", linewidth=1, label="N + Q (503 beyond)")
+    styles = (("adaptive", "-"), ("aimd", "-."), ("static 16", ":"), ("static 64", "--"))
+    for name, style in styles:
+        if name not in result["limits"]:
+            continue
         series = result["limits"][name]
         ax.step([t for t, _ in series], [lim for _, lim in series], style, where="post", label=name)
     ax.fill_between(
@@ -455,12 +526,30 @@ def main() -> None:
     parser.add_argument("--service-ms", type=float, default=100.0)
     parser.add_argument("--rate", type=float, default=300.0, help="arrivals per second")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=HERE / "adaptive_lab")
+    parser.add_argument(
+        "--out", type=Path, help="default: benchmarks/adaptive_lab (+ _shed, _spread)"
+    )
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        help="service times spread as a lognormal of this sigma (default: U[0.9, 1.1])",
+    )
+    parser.add_argument(
+        "--shed",
+        type=int,
+        metavar="Q",
+        help="the dependency answers 503 beyond Q queued; adds an AIMD contestant",
+    )
     args = parser.parse_args()
     result = asyncio.run(run(args))
     text = markdown(result)
     print(text)
-    out: Path = args.out
+    variant = "".join(
+        part
+        for part, on in (("_shed", args.shed is not None), ("_spread", args.sigma is not None))
+        if on
+    )
+    out: Path = args.out or HERE / f"adaptive_lab{variant}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(text)
     plot(result, out.with_suffix(".png"))

@@ -56,7 +56,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.adaptive_lab import PHASES, SAMPLE_EVERY, markdown, report, targets
+from benchmarks.adaptive_lab import (
+    PHASES,
+    SAMPLE_EVERY,
+    SHED_CONTESTANT,
+    markdown,
+    report,
+    targets,
+)
 from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import AdaptiveController
 from httpx_bulkhead._limiter import Limiter
@@ -174,8 +181,15 @@ def simulate(
     service: float,
     noise: Noise,
     seed: int,
+    shed: int | None = None,
+    sigma: float | None = None,
 ) -> Run:
-    """Runs one contestant against its own copy of the dependency; fills ``who``."""
+    """Runs one contestant against its own copy of the dependency; fills ``who``.
+
+    ``shed``: the dependency answers 503 at once to a request that finds this many
+    already queued (``capacity_server.js --shed-queue``); ``None``: its queue is unbounded.
+    ``sigma``: service times spread as a lognormal of this sigma around ``service`` (0.5:
+    the p99 three times the median; 1: an LLM's ten times), instead of ``U[0.9, 1.1]``."""
     rng = random.Random(seed)
     total = sum(seconds for seconds, _ in phases)
     stalls = Stalls(noise, total, random.Random(seed * 7919 + 1))
@@ -213,7 +227,8 @@ def simulate(
         nonlocal busy
         while queue and busy < capacity:
             busy += 1
-            push(now + service * rng.uniform(0.9, 1.1), _DONE, queue.popleft())
+            factor = rng.uniform(0.9, 1.1) if sigma is None else rng.lognormvariate(0, sigma)
+            push(now + service * factor, _DONE, queue.popleft())
 
     boundary = 0.0
     for (seconds, _), (_, n) in itertools.pairwise(phases):
@@ -230,28 +245,36 @@ def simulate(
         now = at
         if kind == _ARRIVAL:
             if limiter.try_acquire():
-                # [arrival, sent, head seen, limit]
-                push(now + noise.network, _AT_SERVER, [now, now, 0.0, limiter.limit])
+                # [arrival, sent, head seen, limit, status]
+                push(now + noise.network, _AT_SERVER, [now, now, 0.0, limiter.limit, 200])
             else:
                 who.calls.append((now, now, "rejected"))
         elif kind == _AT_SERVER:
-            queue.append(payload)
-            pump()
+            if shed is not None and busy >= capacity and len(queue) >= shed:
+                payload[4] = 503
+                push(now, _DONE, payload)
+            else:
+                queue.append(payload)
+                pump()
         elif kind == _DONE:
-            busy -= 1
-            pump()
+            if payload[4] == 200:
+                busy -= 1
+                pump()
             lag = noise.lag if now >= noise.lag_from else 0.0
             push(ours(now + noise.network + lag), _HEAD, payload)
         elif kind == _HEAD:
             payload[2] = now
             push(ours(now), _END, payload)
         elif kind == _END:
-            arrival, sent, head, limit = payload
+            arrival, sent, head, limit, status = payload
             if controller is not None:
-                controller.ended(sent, head - sent, 200, None)
+                controller.ended(sent, head - sent, status, None)
             limiter.release()
-            who.calls.append((arrival, now, "ok"))
-            who.admitted.append((arrival, now, limit))
+            if status == 200:
+                who.calls.append((arrival, now, "ok"))
+                who.admitted.append((arrival, now, limit))
+            else:
+                who.calls.append((arrival, now, f"status {status}"))
         elif kind == _TIMER:
             if not payload.cancelled:
                 payload.callback()
@@ -280,9 +303,13 @@ def run(
     service_ms: float = 100.0,
     phases: Sequence[int] = PHASES,
     into: list[Run] | None = None,
+    shed: int | None = None,
+    sigma: float | None = None,
 ) -> dict[str, Any]:
     """The lab in the model, one seed: ``adaptive_lab.report``'s result (the contestants'
-    records appended to ``into``, if given: static 64, static 16, adaptive)."""
+    records appended to ``into``, if given: static 64, static 16, adaptive, and with
+    ``shed``, a dependency that sheds, ``adaptive_lab.SHED_CONTESTANT`` too; ``sigma``: see
+    ``simulate``)."""
     spec = [(phase_seconds, n) for n in phases]
     arrivals = poisson(rate, phase_seconds * len(spec), random.Random(seed))
     entries: list[tuple[str, int | AdaptiveLimit]] = [
@@ -290,13 +317,19 @@ def run(
         ("static 16", 16),
         ("adaptive", adaptive or AdaptiveLimit()),
     ]
+    if shed is not None:
+        entries.append(SHED_CONTESTANT)
     runs = [
-        simulate(Run(name, limit), arrivals, spec, service_ms / 1000, noise, seed * 31 + i)
+        simulate(
+            Run(name, limit), arrivals, spec, service_ms / 1000, noise, seed * 31 + i, shed, sigma
+        )
         for i, (name, limit) in enumerate(entries)
     ]
     if into is not None:
         into += runs
-    args = argparse.Namespace(service_ms=service_ms, rate=rate, phase_seconds=phase_seconds)
+    args = argparse.Namespace(
+        service_ms=service_ms, rate=rate, phase_seconds=phase_seconds, shed=shed
+    )
     return report(runs, spec, args)
 
 

@@ -10,19 +10,28 @@
 // when it rises, queued requests start at once.  The last phase's N holds after the end.
 // Prints one JSON line {"ports": [...]} once all listen; exits when stdin closes.
 //
+// With --sigma S, service times spread as a lognormal of sigma S around service-ms instead
+// (0.5: the p99 three times the median; 1: an LLM's ten times).
+//
+// With --shed-queue Q, a request that finds Q already queued is answered 503 at once (a
+// dependency that sheds its excess, as a server with a bounded queue or an overload
+// manager does), without taking a worker.
+//
 // Commands on stdin, one JSON line answered each:
 //   start   the phases begin now; answers {"ok": true}
-//   stats   {"ports": [{"port", "served", "busy", "queued", "max_queued"}]}
+//   stats   {"ports": [{"port", "served", "busy", "queued", "max_queued", "shed"}]}
 "use strict";
 
 const http = require("http");
 
 function parseArgs(argv) {
-  const args = { ports: 1, serviceMs: 100, phases: [[15, 16]] };
+  const args = { ports: 1, serviceMs: 100, phases: [[15, 16]], shedQueue: null, sigma: null };
   for (let i = 0; i < argv.length; i += 2) {
     const [key, value] = [argv[i], argv[i + 1]];
     if (key === "--ports") args.ports = Number(value);
     else if (key === "--service-ms") args.serviceMs = Number(value);
+    else if (key === "--shed-queue") args.shedQueue = Number(value);
+    else if (key === "--sigma") args.sigma = Number(value);
     else if (key === "--phases") args.phases = value.split(",").map((p) => p.split(":").map(Number));
     else throw new Error(`unknown argument ${key}`);
   }
@@ -42,14 +51,21 @@ function capacity() {
   return args.phases[args.phases.length - 1][1];
 }
 
+function serviceFactor() {
+  if (args.sigma === null) return 0.9 + 0.2 * Math.random();
+  const u = 1 - Math.random(); // (0, 1]: a normal deviate by Box-Muller
+  const normal = Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * Math.random());
+  return Math.exp(args.sigma * normal);
+}
+
 function dependency() {
-  const state = { busy: 0, queue: [], served: 0, maxQueued: 0 };
+  const state = { busy: 0, queue: [], served: 0, maxQueued: 0, shed: 0 };
   const pump = () => {
     while (state.queue.length > 0 && state.busy < capacity()) {
       const res = state.queue.shift();
       if (res.destroyed || !res.socket || res.socket.destroyed) continue; // the client went away
       state.busy += 1;
-      const ms = args.serviceMs * (0.9 + 0.2 * Math.random());
+      const ms = args.serviceMs * serviceFactor();
       setTimeout(() => {
         state.busy -= 1;
         state.served += 1;
@@ -63,6 +79,13 @@ function dependency() {
     req.resume();
     req.on("end", () => {
       res.setHeader("content-type", "text/plain");
+      const full = state.busy >= capacity() && state.queue.length >= args.shedQueue;
+      if (args.shedQueue !== null && full) {
+        state.shed += 1;
+        res.statusCode = 503;
+        res.end("shed");
+        return;
+      }
       state.queue.push(res);
       state.maxQueued = Math.max(state.maxQueued, state.queue.length);
       pump();
@@ -112,6 +135,7 @@ process.stdin.on("data", (chunk) => {
         busy: d.busy,
         queued: d.queue.length,
         max_queued: d.maxQueued,
+        shed: d.shed,
       }));
       process.stdout.write(JSON.stringify({ ports }) + "\n");
     }

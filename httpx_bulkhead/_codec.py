@@ -17,11 +17,19 @@ One verdict
 -----------
 Both codecs must give the same verdict on every input: the same request bytes or the same
 refusal; the same events, body bytes, error (with its message: see below) at the same
-read, and the same reusability.  h11 is the reference.  We are stricter than h11 in one place, in
-both codecs: a request carrying both ``Content-Length`` and ``Transfer-Encoding`` is
-refused (RFC 9112 §6.2: a sender MUST NOT send both; h11 sends both and frames by the
-second).  ``tests/fuzz`` checks the agreement on generated requests and responses split
-into random reads; ``tests/unit/test_codec_verdicts.py`` pins each decided shape.
+read, and the same reusability.  h11 is the reference.  We are stricter than h11 in two
+places, in both codecs:
+
+* a request carrying both ``Content-Length`` and ``Transfer-Encoding`` is refused (RFC 9112
+  §6.2: a sender MUST NOT send both; h11 sends both and frames by the second);
+* a response whose framing is in doubt (``framing_in_doubt``: both framings, or
+  ``Transfer-Encoding`` in an HTTP/1.0 response) is read as h11 reads it, by its
+  ``Transfer-Encoding``, and then its connection closes (h11 would keep it): what follows
+  the chunked body may be a response smuggled under the ``Content-Length``, and our rule
+  is that a connection whose state is unknown is never reused.
+
+``tests/fuzz`` checks the agreement on generated requests and responses split into random
+reads; ``tests/unit/test_codec_verdicts.py`` pins each decided shape.
 
 Every buffer a peer can grow is bounded by ``max_head``: the head, an incomplete chunk-size
 line and the trailer section (h11's ``max_incomplete_event_size`` is the same number).
@@ -55,6 +63,7 @@ __all__ = [
     "Head",
     "Informational",
     "LocalCodecError",
+    "framing_in_doubt",
     "make_codec",
     "too_long",
 ]
@@ -133,8 +142,9 @@ class Codec(Protocol):
         ...
 
     def reuse(self) -> bool:
-        """After ``END``: if both sides completed and keep the connection alive, get ready
-        for the next exchange and return True; else False (the connection must close)."""
+        """After ``END``: if both sides completed and keep the connection alive, and the
+        response's framing was not in doubt (``framing_in_doubt``), get ready for the next
+        exchange and return True; else False (the connection must close)."""
         ...
 
     @property
@@ -161,15 +171,19 @@ def too_long(in_head: bool, limit: int) -> str:
 
 
 class H11Codec:
-    """The reference codec, on h11."""
+    """The reference codec, on h11 (which would keep a connection whose framing was in
+    doubt: ``framing_in_doubt`` is ours)."""
 
-    __slots__ = ("_eof", "_h11", "_in_head", "_max_head")
+    __slots__ = ("_doubt", "_eof", "_h11", "_in_head", "_max_head")
 
     def __init__(self, max_head: int) -> None:
         self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=max_head)
         self._eof = False
         self._max_head = max_head
         self._in_head = True  # no final response head yet (only for the limit's message)
+        # The final response's framing is in doubt: close after it (a codec serves no
+        # exchange after one, so this is never reset).
+        self._doubt = False
 
     def _send(self, event: Any) -> bytes:
         try:
@@ -182,7 +196,7 @@ class H11Codec:
             event = h11.Request(method=method, target=target, headers=headers)
         except h11.LocalProtocolError as exc:
             raise LocalCodecError(str(exc)) from exc
-        if _both_framings(headers):  # h11 would send both: we are stricter
+        if all(_framings(headers)):  # h11 would send both: we are stricter
             raise LocalCodecError(BOTH_FRAMINGS)
         self._in_head = True
         return self._send(event)
@@ -215,6 +229,7 @@ class H11Codec:
             head = cast(h11.Response, event)
             self._in_head = False
             headers = head.headers.raw_items()
+            self._doubt = framing_in_doubt(head.http_version, *_framings(headers))
             return Head(head.status_code, headers, head.http_version, head.reason)
         if kind is h11.EndOfMessage:
             return END
@@ -241,7 +256,8 @@ class H11Codec:
         # the peer has closed: nothing can follow.
         # Bytes already after the response belong to no request (a desync or a smuggled
         # response): the connection is not reused, as the httptools codec decides too.
-        if self._eof or self._h11.trailing_data[0]:
+        # A response whose framing was in doubt leaves the connection in an unknown state.
+        if self._eof or self._h11.trailing_data[0] or self._doubt:
             return False
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()
@@ -253,13 +269,36 @@ class H11Codec:
         return bool(self._h11.trailing_data[0])
 
 
-# -- request rules shared by both codecs ------------------------------------------------
+# -- framing rules shared by both codecs ------------------------------------------------
 
 BOTH_FRAMINGS = "Content-Length and Transfer-Encoding in one request (RFC 9112 §6.2)"
 
 
-def _both_framings(headers: list[tuple[bytes, bytes]]) -> bool:
-    """True if the headers carry both ``Content-Length`` and ``Transfer-Encoding``."""
+def framing_in_doubt(http_version: bytes, content_length: bool, transfer_encoding: bool) -> bool:
+    """Whether a response's framing is in doubt, so that its connection must close after it.
+
+    The body is still read by its ``Transfer-Encoding``, as h11 reads it; but what follows
+    it on the connection cannot be trusted to start the next response:
+
+    * ``Content-Length`` and ``Transfer-Encoding`` together: the second wins, but such a
+      message "might indicate an attempt to perform request smuggling or response
+      splitting and ought to be handled as an error" (RFC 9112 §6.3; §6.2: a sender MUST
+      NOT send both).  A peer framing by ``Content-Length`` (a proxy on the way) sees
+      another response where we see the end of this one.
+    * ``Transfer-Encoding`` in a message of another version than HTTP/1.1: HTTP/1.0 has
+      no transfer codings, so the framing is faulty and the connection closes after the
+      message (§6.1).
+
+    Args:
+        http_version: the response's version (``b"1.1"``, ``b"1.0"``).
+        content_length: the head carries a ``Content-Length`` field.
+        transfer_encoding: the head carries a ``Transfer-Encoding`` field.
+    """
+    return transfer_encoding and (content_length or http_version != b"1.1")
+
+
+def _framings(headers: list[tuple[bytes, bytes]]) -> tuple[bool, bool]:
+    """Whether the headers carry ``Content-Length`` and ``Transfer-Encoding``."""
     length = chunked = False
     for name, _ in headers:
         size = len(name)  # compare lengths first: most names are neither
@@ -267,4 +306,4 @@ def _both_framings(headers: list[tuple[bytes, bytes]]) -> bool:
             length = length or name.lower() == b"content-length"
         elif size == 17:
             chunked = chunked or name.lower() == b"transfer-encoding"
-    return length and chunked
+    return length, chunked

@@ -56,6 +56,7 @@ from ._codec import (
     Head,
     Informational,
     LocalCodecError,
+    framing_in_doubt,
     too_long,
 )
 
@@ -537,7 +538,12 @@ class HttptoolsCodec:
         else:
             self._keep = False  # h11 keeps no HTTP/1.0 connection alive
             self._events.append(Head(status, self._headers, b"1.0", reason))
-        if self._te_chunked and status != 204 and status != 304:
+        te_chunked = self._te_chunked
+        if te_chunked and framing_in_doubt(version.encode(), bool(self._framed), te_chunked):
+            # (today llhttp refuses both framings and h11 reads them: this holds the rule
+            # should llhttp ever accept them)
+            self._keep = False
+        if te_chunked and status != 204 and status != 304:
             self._phase = _TO_CHUNKED
             self._headers = []  # llhttp may go on to the trailers: not for the Head
         else:

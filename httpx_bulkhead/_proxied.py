@@ -27,8 +27,9 @@ stream that carries HTTP to the *target*, or, for forwarding, to the proxy:
 Invariants:
 
 * One deadline, the connect timeout, bounds all of it (``anyio.fail_after`` around the
-  whole): a proxy that trickles or never answers costs at most the connect timeout, then
-  ``httpx.ConnectTimeout``.
+  whole, the ``socks5://`` name lookup included): a proxy that trickles or never answers,
+  or a resolver that does not, costs at most the connect timeout, then
+  ``httpx.ConnectTimeout`` naming the step it cut.
 * Whatever fails or is cancelled, the stream is closed before the exception leaves: a
   half-open tunnel never reaches the pool.  No raw ``OSError``, ``ssl`` or anyio error
   leaves: refusals and malformed answers are ``httpx.ProxyError``, the rest
@@ -73,6 +74,20 @@ if TYPE_CHECKING:
 __all__ = ["connect_via", "forwards", "proxy_ssl_context", "run_handshake"]
 
 _HTTP_KINDS = (ProxyKind.HTTP, ProxyKind.HTTPS)
+#: What the connect was doing when its deadline passed, by step (``{host}``: the target's).
+_TIMED_OUT = {
+    "connect_tcp": "opening the connection",
+    "start_tls": "in the TLS handshake",
+    "resolve": "resolving {host}",
+    "proxy_handshake": "in the proxy's handshake",
+}
+#: Where a stream or TLS failure happened, by step.
+_FAILED = {
+    "connect_tcp": "connecting to",
+    "resolve": "resolving the target's name for",
+    "start_tls": "in the TLS handshake through",
+    "proxy_handshake": "in the handshake with",
+}
 # unasync: skip
 #: The stream failures anyio raises besides ``OSError`` (the sync streams raise none).
 _STREAM_ERRORS: tuple[type[Exception], ...] = (anyio.BrokenResourceError, anyio.EndOfStream)
@@ -149,8 +164,12 @@ async def connect_via(
                 await _start_tls(stream, TLSEngine(context, spec.host), trace, context, timeout)
             if forwards(spec.kind, url.scheme):
                 return stream
+            address = host
+            if spec.kind is ProxyKind.SOCKS5:  # the client resolves the target's name
+                step = "resolve"
+                address = await _resolve(host, port)
             step = "proxy_handshake"
-            handshake = await _handshake(spec, host, port)
+            handshake = _handshake(spec, host, address, port)
             if await run_handshake(stream, handshake, timeout) or stream.is_readable():
                 raise httpx.ProxyError(
                     f"proxy {spec.url} sent bytes after opening the tunnel to"
@@ -176,7 +195,9 @@ async def connect_via(
             f"connection.{'start_tls' if step == 'start_tls' else 'connect_tcp'}.failed",
             {"exception": mapped},
         )
-        raise mapped from (None if mapped is exc else exc)
+        if mapped is exc:  # an httpx error already: as it is, keeping its own cause
+            raise
+        raise mapped from exc
 
 
 async def _start_tls(
@@ -205,17 +226,17 @@ async def _start_tls(
         await trace("connection.start_tls.complete", {"return_value": _shown(stream)})
 
 
-async def _handshake(spec: ProxySpec, host: str, port: int) -> Handshake:
+def _handshake(spec: ProxySpec, host: str, address: str, port: int) -> Handshake:
+    """The tunnel's handshake: ``CONNECT host:port``, or SOCKS5 to ``address`` (the name
+    for ``socks5h://``, what it resolved to for ``socks5://``)."""
     if not spec.kind.is_socks:
-        authority = tunnel_authority(host, port)
-        return ConnectHandshake(str(spec.url), authority, spec.proxy_headers)
-    if spec.kind is ProxyKind.SOCKS5:
-        host = await _resolve(host, port)
-    return Socks5Handshake(str(spec.url), host, port, spec.auth)
+        return ConnectHandshake(str(spec.url), tunnel_authority(host, port), spec.proxy_headers)
+    return Socks5Handshake(str(spec.url), address, port, spec.auth)
 
 
 async def _resolve(host: str, port: int) -> str:
-    """``socks5://``: the client resolves the name (the first address the system gives)."""
+    """``socks5://``: the client resolves the name (the first address the system gives),
+    within the connect's deadline like every other step (the scope around it)."""
     try:
         infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -232,14 +253,10 @@ def _mapped(
     if isinstance(exc, httpx.TransportError):
         mapped = exc
     elif isinstance(exc, TimeoutError):
-        mapped = httpx.ConnectTimeout(f"connect timed out (through proxy {spec.url})")
+        doing = _TIMED_OUT[step].format(host=request.url.host)
+        mapped = httpx.ConnectTimeout(f"connect timed out {doing} (through proxy {spec.url})")
     elif isinstance(exc, (ssl.SSLError, OSError, *_STREAM_ERRORS)):
-        where = {
-            "connect_tcp": "connecting to",
-            "start_tls": "in the TLS handshake through",
-            "proxy_handshake": "in the handshake with",
-        }[step]
-        mapped = httpx.ConnectError(f"{describe_error(exc)} ({where} proxy {spec.url})")
+        mapped = httpx.ConnectError(f"{describe_error(exc)} ({_FAILED[step]} proxy {spec.url})")
     elif isinstance(exc, _CLOSED_ERRORS):
         mapped = httpx.ConnectError(f"connection was closed (through proxy {spec.url})")
     elif isinstance(exc, ValueError):  # a target name SOCKS5 cannot carry

@@ -34,7 +34,9 @@ that set the deadline turns into ``TimeoutError`` (``fail_after``) or swallows
 Timers: one thread per transport, started on demand, runs callbacks (idle sweeps, response
 deadlines, responses the garbage collector freed) under the loop lock.  It exits when
 nothing is scheduled (so an unclosed transport leaves no thread behind once its pool is
-empty) and ``close()`` stops and joins it: no thread of the transport outlives ``close()``.
+empty) and ``close()`` stops and joins it: no thread of the transport outlives ``close()``
+but a name lookup its deadline abandoned (``getaddrinfo``), which ends when the system
+resolver answers.
 Every timer thread is registered before its ``start()`` and stays registered until it has
 left and ended, so ``close()`` joins each one that may still run: the one serving, one an
 interrupt cut off from its starter (an exception landing in ``Thread.start()`` while it
@@ -299,10 +301,35 @@ def blocking(call: Callable[[float | None], T], timeout: float | None) -> T:
 
 
 def getaddrinfo(host: str, port: int, *, type: int = 0) -> list[Any]:
-    """anyio's ``getaddrinfo`` for threads: the system resolver, with the loop lock
-    released.  A scope's deadline is checked before the call, not during it (the resolver
-    cannot be interrupted, as in httpx's default sync transport).  Raises ``OSError``."""
-    return blocking(lambda limit: socket.getaddrinfo(host, port, type=type), None)
+    """anyio's ``getaddrinfo`` for threads: the system resolver, waited for with the loop
+    lock released and within the scopes' deadline, as anyio's is under its cancel scope.
+
+    The resolver cannot be interrupted, so it runs in a thread of its own
+    (``httpx_bulkhead resolver``, a daemon) that the caller waits for: when the deadline
+    passes first, the caller leaves with ``Expired`` and the lookup is abandoned (it ends
+    when the resolver answers, its answer dropped), as trio abandons its resolver thread
+    on cancellation.  A lookup that answered in time has ended its thread before this
+    returns.  Raises ``OSError`` (the resolver's failure)."""
+    outcome: list[Any] = []
+
+    def resolve() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=type))
+        except BaseException as exc:  # handed to the caller, which raises it
+            outcome.append(exc)
+
+    def wait(limit: float | None) -> None:
+        thread = threading.Thread(target=resolve, name="httpx_bulkhead resolver", daemon=True)
+        thread.start()
+        thread.join(limit)
+        if thread.is_alive():
+            raise TimeoutError
+
+    blocking(wait, None)
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result  # type: ignore[no-any-return]
 
 
 class Event:

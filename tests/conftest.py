@@ -1,4 +1,5 @@
-"""Shared fixtures: the anyio backends, a session hypercorn server, helpers."""
+"""Shared fixtures: the anyio backends, a session hypercorn server, helpers; the proxy
+tests' targets and proxies come from the ``tests.servers.proxy_fixtures`` plugin."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import anyio
 import pytest
 
 from tests.servers import HypercornServer, TestApp
+
+pytest_plugins = ("tests.servers.proxy_fixtures",)
 
 _names = itertools.count()
 

@@ -37,3 +37,28 @@ def test_the_lab_runs_at_a_tiny_scale(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is not None:  # (the extra ``bench``)
         adaptive_lab.plot(result, tmp_path / "lab.png")
         assert (tmp_path / "lab.png").stat().st_size > 1000
+
+
+def test_the_lab_with_a_dependency_that_sheds(tmp_path: Path) -> None:
+    """``--shed Q``: the dependency answers 503 beyond Q queued, and AIMD driven by those
+    503s joins; the refusals are counted and the report says where AIMD's limit sits
+    (``--sigma``: the service times spread as a lognormal)."""
+    args = argparse.Namespace(
+        phase_seconds=0.5, service_ms=20.0, rate=400.0, seed=1, shed=2, sigma=0.3
+    )
+    result = asyncio.run(adaptive_lab.run(args))
+    rows = {(r["phase"], r["contestant"]): r for r in result["rows"]}
+    assert len(rows) == 12 and result["shed"] == 2
+    # Static 64 overfills 4 workers and a queue of 2 in phase 2: refused, not failed.
+    static = rows[(2, "static 64")]
+    assert static["refused"] > 0 and static["errors"] == static["refused"]
+    assert sum(rows[(phase, "aimd")]["goodput"] for phase in (1, 2, 3)) > 0
+    aimd = [limit for _, limit in result["limits"]["aimd"]]
+    assert aimd and all(1 <= limit <= 200 for limit in aimd)
+    text = adaptive_lab.markdown(result)
+    assert "refused (503) |" in text and text.count("| aimd |") == 3
+    assert "x lognormal, sigma 0.3" in text
+    assert "phase 2 (N=4, refusing from 6 in flight): aimd's limit" in text
+    if importlib.util.find_spec("matplotlib") is not None:
+        adaptive_lab.plot(result, tmp_path / "shed.png")
+        assert (tmp_path / "shed.png").stat().st_size > 1000

@@ -2,7 +2,8 @@
 matrix and the soak.
 
 * HTTP/1.1: :func:`accept_then_close`, :func:`stale_race`, :func:`canned`,
-  :func:`desync_response`, :func:`stall_upload`, :func:`random_faults`.
+  :func:`desync_response`, :func:`doubtful_framing`, :func:`stall_upload`,
+  :func:`random_faults`.
 * TLS (on a plain :class:`~tests.servers.raw.RawServer`): :func:`tls_garbage`,
   :func:`tls_close_in_handshake`, :func:`tls_silent`, :func:`tls_serve`.
 * HTTP/2 at the frame level (h2c, prior knowledge; hyperframe + hpack, no h2 state
@@ -58,6 +59,7 @@ __all__ = [
     "canned",
     "continuation_flood",
     "desync_response",
+    "doubtful_framing",
     "h2_partial_record_while_idle",
     "h2_stale_race",
     "h2_trickle",
@@ -146,6 +148,44 @@ def desync_response(smuggled: bytes = b"smuggled") -> Handler:
         if conn.read_request() is None:
             return
         conn.send(response_bytes(200, b"ok") + extra)
+        while conn.read_request() is not None:
+            conn.send_response(200, b"second-on-0")
+
+    return handler
+
+
+def doubtful_framing(
+    version: bytes = b"1.1",
+    *,
+    content_length: bool = True,
+    fields: tuple[bytes, ...] = (),
+    smuggled: bytes = b"",
+    together: bool = False,
+) -> Handler:
+    """Connection #0 answers its first request ``ok`` in chunks (``Transfer-Encoding:
+    chunked``) under a head whose framing is in doubt: HTTP/``version``, ``fields``, and
+    (``content_length``) a ``Content-Length`` counting the chunked body *and* the response
+    ``smuggled`` that follows it, so a peer framing by ``Content-Length`` (a proxy) takes
+    both for one response: response splitting (RFC 9112 §6.3, §11.1).  The smuggled
+    response is sent in the same write (``together``) or only once another request
+    arrives on the connection: a client that reuses the connection then reads it as the
+    answer.  Later requests on it get ``second-on-0``; other connections ``fresh``."""
+    rest = response_bytes(200, smuggled) if smuggled else b""
+    body = b"2\r\nok\r\n0\r\n\r\n"
+    lines = [b"HTTP/" + version + b" 200 OK", *fields, b"Transfer-Encoding: chunked"]
+    if content_length:
+        lines.append(b"Content-Length: %d" % (len(body) + len(rest)))
+    first = b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+    def handler(conn: RawConn) -> None:
+        if conn.index != 0:
+            keepalive_ok(b"fresh")(conn)
+            return
+        if conn.read_request() is None:
+            return
+        conn.send(first + rest if together else first)
+        if rest and not together and conn.read_request() is not None:
+            conn.send(rest)
         while conn.read_request() is not None:
             conn.send_response(200, b"second-on-0")
 

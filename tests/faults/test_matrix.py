@@ -39,6 +39,7 @@ from tests.faults.handlers import (
     canned,
     continuation_flood,
     desync_response,
+    doubtful_framing,
     h2_partial_record_while_idle,
     h2_stale_race,
     h2_trickle,
@@ -450,6 +451,59 @@ ROWS: list[Row] = [
         prepare=first_then_ok,
         stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
         connections=1,
+    ),
+    # Framing in doubt (RFC 9112 §6.3, §6.1): read by Transfer-Encoding, then closed.
+    Row(
+        "content_length_and_chunked",
+        raw(doubtful_framing()),
+        Succeeds((b"fresh",), reused=False),
+        deadline=2.0,
+        prepare=first_then_ok,
+        stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "response_split_by_content_length",
+        raw(doubtful_framing(smuggled=b"smuggled")),
+        Succeeds((b"fresh",), reused=False),
+        deadline=2.0,
+        prepare=first_then_ok,
+        stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "response_split_in_one_write",
+        raw(doubtful_framing(smuggled=b"smuggled", together=True)),
+        Succeeds((b"fresh",), reused=False),
+        deadline=2.0,
+        prepare=first_then_ok,
+        stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "http10_chunked_keep_alive",
+        raw(
+            doubtful_framing(
+                b"1.0",
+                content_length=False,
+                fields=(b"Connection: keep-alive",),
+                smuggled=b"smuggled",
+            )
+        ),
+        Succeeds((b"fresh",), reused=False),
+        deadline=2.0,
+        prepare=first_then_ok,
+        stats={"completed": 2, "not_reusable": 1, "connections_created": 2},
+        connections=1,
+    ),
+    Row(
+        "content_length_and_gzip",
+        raw(
+            canned(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip\r\n\r\nhello")
+        ),
+        Fails(httpx.RemoteProtocolError, "Only Transfer-Encoding: chunked is supported"),
+        deadline=2.0,
+        stats={"failed": 1, "error": 1},
     ),
     Row(
         "server_never_reads_upload",

@@ -15,6 +15,10 @@ codecs may legitimately differ:
 * reusability is what the driver ends up doing: ``reuse()`` and no trailing data (h11 may
   say "reusable" and then report trailing data, which discards the connection just the
   same when it is next checked).
+
+Besides the agreement, ``reused_in_doubt`` holds a verdict to one rule of ours: no
+connection is reused after a response whose framing was in doubt (both framings, or
+``Transfer-Encoding`` outside HTTP/1.1), whatever shape its head took.
 """
 
 from __future__ import annotations
@@ -222,6 +226,30 @@ def verdicts(exchanges: Sequence[Exchange], before: bytes = b"") -> tuple[Any, A
                     break
         results.append(trace)
     return results[0], results[1]
+
+
+def reused_in_doubt(verdict: list[Any]) -> bool:
+    """Whether a connection was left reusable after a final response whose framing was in
+    doubt: ``Transfer-Encoding`` with ``Content-Length``, or in a version other than
+    HTTP/1.1 (RFC 9112 §6.3, §6.1).  Read from the head as the codec reported it, so the
+    fuzzer looks for a shape that slips past the codecs' rule (``framing_in_doubt``)."""
+    for steps in verdict:
+        if not isinstance(steps, list) or steps[-1][:2] != ("reusable", True):
+            continue
+        heads = [
+            item
+            for entry in steps
+            if type(entry[0]) is int
+            for item in entry[1]
+            if item[0] == "head"
+        ]
+        if not heads:
+            continue
+        _, _, headers, version, _ = heads[-1]
+        names = {name.lower() for name, _ in headers}
+        if b"transfer-encoding" in names and (b"content-length" in names or version != b"1.1"):
+            return True
+    return False
 
 
 def request_verdicts(request: Request) -> tuple[list[Any], list[Any]]:

@@ -182,7 +182,11 @@ def response_wire(draw: st.DrawFn) -> bytes:
         interim = draw(st.sampled_from([100, 103, 102, 101]))
         out += draw(status_lines(interim)) + b"\r\n" + draw(header_block([]))
     status = draw(st.sampled_from([200] * 6 + [204, 304, 404, 500, 101, 199]))
-    framing_kind = draw(st.sampled_from(["length", "length", "chunked", "chunked", "eof", "both"]))
+    framing_kind = draw(
+        st.sampled_from(["length", "length", "chunked", "chunked", "eof", "both", "split"])
+    )
+    if framing_kind == "split":
+        return out + draw(split_response(status))
     body = draw(st.binary(max_size=16))
     framing: Headers = []
     if framing_kind in ("length", "both"):
@@ -210,6 +214,56 @@ def response_wire(draw: st.DrawFn) -> bytes:
         )
     )
     return out
+
+
+#: What a response splitter hides after the chunked body, under its Content-Length.
+SMUGGLED = b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled"
+
+
+@st.composite
+def split_response(
+    draw: st.DrawFn, status: int, version: bytes | None = None, clean: bool = False
+) -> bytes:
+    """Response splitting (RFC 9112 §6.3, §11.1): ``Transfer-Encoding: chunked`` and a
+    ``Content-Length`` counting the chunked body *and* a second response after it, which a
+    peer framing by ``Content-Length`` (a proxy on the way) takes for part of the first.
+    ``clean``: a valid chunked body; ``version``: that status line, not a drawn one."""
+    chunks = draw(_clean_chunks() if clean else chunked_body())
+    rest = draw(st.sampled_from([SMUGGLED, SMUGGLED[:20], b""]))
+    length = b"Content-Length", b"%d" % (len(chunks) + len(SMUGGLED))
+    coding = b"Transfer-Encoding", draw(codings)
+    framing = [length, coding] if draw(st.booleans()) else [coding, length]
+    line = draw(status_lines(status)) if version is None else version + b" %d OK" % status
+    return line + b"\r\n" + draw(header_block(framing)) + chunks + rest
+
+
+def _clean_chunks() -> st.SearchStrategy[bytes]:
+    return st.lists(st.binary(min_size=1, max_size=12), max_size=3).map(
+        lambda parts: b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    )
+
+
+@st.composite
+def doubtful_exchanges(draw: st.DrawFn) -> Exchange:
+    """Exchanges whose final response's framing is in doubt (both framings, or
+    ``Transfer-Encoding`` in HTTP/1.0), mostly well formed and with the connection left
+    open: the shapes a codec would otherwise keep, so a verdict of reuse is a finding."""
+    request = draw(requests_for_responses())
+    status = draw(st.sampled_from([200] * 6 + [204, 304, 404]))
+    version = draw(st.sampled_from([b"HTTP/1.1"] * 3 + [b"HTTP/1.0"]))
+    if version == b"HTTP/1.1" or draw(st.booleans()):  # (HTTP/1.0: with or without a length)
+        wire = draw(split_response(status, version, clean=draw(st.integers(0, 3)) > 0))
+    else:
+        chunks = draw(_clean_chunks())
+        extra = [(b"Connection", b"keep-alive")] if draw(st.booleans()) else []
+        head = draw(header_block([(b"Transfer-Encoding", draw(codings)), *extra]))
+        wire = version + b" %d OK\r\n" % status + head + chunks
+    return Exchange(
+        request=request,
+        reads=cut(wire, draw(reads)),
+        eof=draw(st.integers(0, 3)) == 0,
+        end_before=draw(st.integers(0, 2)),
+    )
 
 
 @st.composite

@@ -4,7 +4,7 @@ is).  A disagreement is a bug in one of them, or a shape to decide: decide it (h
 reference; stricter only where RFC 9112 says so, documented), fix it, and add the minimized
 example to ``tests/unit/test_codec_verdicts.py``.
 
-CI runs ``BULKHEAD_FUZZ_EXAMPLES`` examples per test: 200 by default (800 in all, about
+CI runs ``BULKHEAD_FUZZ_EXAMPLES`` examples per test: 200 by default (1,000 in all, about
 10 s); ``BULKHEAD_FUZZ_EXAMPLES=20000 python -m pytest tests/fuzz`` runs a longer search
 (the per-test timeout grows with it).
 """
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import strategies as gen
-from tests.fuzz.harness import Exchange, Request, request_verdicts, verdicts
+from tests.fuzz.harness import Exchange, Request, request_verdicts, reused_in_doubt, verdicts
 
 EXAMPLES = int(os.environ.get("BULKHEAD_FUZZ_EXAMPLES") or 200)
 
@@ -44,6 +44,17 @@ def test_requests_encode_alike(request: Request) -> None:
 def test_responses_parse_alike(exchange: Exchange) -> None:
     reference, fast = verdicts([exchange])
     assert fast == reference
+    assert not reused_in_doubt(reference)
+
+
+@fuzz
+@given(gen.doubtful_exchanges())
+def test_framing_in_doubt_closes_alike(exchange: Exchange) -> None:
+    """A response whose framing is in doubt is read alike and never leaves its connection
+    to the next request (RFC 9112 §6.3, §6.1)."""
+    reference, fast = verdicts([exchange])
+    assert fast == reference
+    assert not reused_in_doubt(reference)
 
 
 @fuzz
@@ -52,6 +63,7 @@ def test_second_exchange_parses_alike(first: Exchange, second: Exchange) -> None
     """A connection's next exchange starts clean, whatever the first one was."""
     reference, fast = verdicts([first, second])
     assert fast == reference
+    assert not reused_in_doubt(reference)
 
 
 @fuzz

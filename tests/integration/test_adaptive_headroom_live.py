@@ -4,8 +4,9 @@ dependency (``benchmarks/capacity_server.js``: N workers and a FIFO queue, run b
 What the pure tests cannot show: the transport's timer (``Timers.call_later``, asyncio's
 loop, trio's timer task, the sync transport's timer thread) opens a test's slot, the limiter
 grants it to the head waiter, the test's verdict grows the limit when the capacity rose, and
-closing the transport leaves no timer (and no thread) behind.  The callers keep more requests
-waiting than the limit (an open loop above the capacity, as in the lab).
+closing the transport leaves no timer (and no thread) behind; and a dependency that sheds
+its excess with fast 503s does not lure the limit into its refusals.  The callers keep more
+requests waiting than the limit (an open loop above the capacity, as in the lab).
 """
 
 from __future__ import annotations
@@ -104,3 +105,52 @@ async def test_timed_tests_run_find_the_capacity_that_rose_and_leave_no_timer(
     assert compartment.adaptive is not None and compartment.adaptive._timer is None
     if flavour == "sync":
         assert not [t for t in threading.enumerate() if t.name.startswith("httpx_bulkhead")]
+
+
+@pytest.fixture
+def shedding() -> Iterator[CapacityServer]:
+    """4 workers, answering 503 at once to a request that finds 2 queued."""
+    server = CapacityServer(1, SERVICE_MS, [(600.0, 4)], shed=2)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def test_a_shedding_dependency_does_not_grow_the_limit_into_its_refusals(
+    flavour: Flavour, shedding: CapacityServer
+) -> None:
+    """The dependency refuses beyond 6 in flight, with a 503 at once.  Taken as samples,
+    those fast answers read as a dependency without load and the limit grew into them,
+    the callers getting mostly 503s; not fed, the real answers show the queue and the limit
+    settles at the 4 workers, a refusal now and then."""
+    spec = AdaptiveLimit(initial_limit=16, max_limit=64, probe_interval=None)
+    transport = make_transport(flavour, default=Policy(max_concurrency=spec, max_pending=256))
+    url = f"http://127.0.0.1:{shedding.ports[0]}/"
+    name = f"http://127.0.0.1:{shedding.ports[0]}"
+    statuses: list[tuple[float, int]] = []
+    done = anyio.Event()
+
+    async def caller(client: Any) -> None:
+        while not done.is_set():
+            response = await client.get(url)
+            statuses.append((time.monotonic(), response.status_code))
+
+    async with client_for(transport, timeout=30) as client:
+        async with anyio.create_task_group() as tg:
+            for _ in range(48):
+                tg.start_soon(caller, client)
+            shedding.command("start")
+            with anyio.fail_after(30):
+                while len([s for _, s in statuses if s == 200]) < 200:  # about 2 s of answers
+                    await anyio.sleep(0.05)
+                since = time.monotonic()
+                while len([t for t, s in statuses if t > since and s == 200]) < 100:
+                    await anyio.sleep(0.05)
+            done.set()
+    late = [status for t, status in statuses if t > since]
+    history = [limit for _, limit in transport.statistics()[name].limit_history]
+    # (the first entry: the first probe's 1 slot; then the initial 16, and no more)
+    assert max(history[1:]) <= 16, history
+    assert history[-1] <= 8, history
+    assert late.count(503) <= 0.2 * len(late), (late.count(503), len(late), history)

@@ -134,7 +134,8 @@ async def test_response_buffers_are_bounded_like_the_head(kind: str) -> None:
 
 # --------------------------------------------------- 3. malformed responses, one verdict
 
-# name: (response, expected body or None for RemoteProtocolError, header checked or None)
+# name: (response, expected body or None for RemoteProtocolError, header checked or None);
+# the connection is kept after a success unless the shape is in DOUBTFUL.
 SHAPES: dict[str, tuple[bytes, bytes | None, tuple[str, str] | None]] = {
     "gzip, chunked": (
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
@@ -146,10 +147,21 @@ SHAPES: dict[str, tuple[bytes, bytes | None, tuple[str, str] | None]] = {
         None,
         None,
     ),
-    "Content-Length and Transfer-Encoding": (  # chunked wins (RFC 9112 §6.3)
+    "Content-Length and Transfer-Encoding": (  # chunked wins, then close (RFC 9112 §6.3)
         b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5\r\nhello\r\n0\r\n\r\n",
         b"hello",
+        None,
+    ),
+    "HTTP/1.0 with Transfer-Encoding": (  # read chunked, then close (RFC 9112 §6.1)
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
+        b"hello",
+        None,
+    ),
+    "Content-Length and Transfer-Encoding: gzip": (  # only chunked is understood
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+        None,
         None,
     ),
     "obs-fold": (  # unfolded (RFC 9112 §5.2, what a user agent must do)
@@ -168,6 +180,8 @@ SHAPES: dict[str, tuple[bytes, bytes | None, tuple[str, str] | None]] = {
         ("content-length", "5"),
     ),
 }
+#: Shapes whose framing is in doubt: the response is delivered, its connection closed.
+DOUBTFUL = {"Content-Length and Transfer-Encoding", "HTTP/1.0 with Transfer-Encoding"}
 
 
 def canned(response: bytes) -> Callable[[RawConn], None]:
@@ -186,7 +200,8 @@ def canned(response: bytes) -> Callable[[RawConn], None]:
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 async def test_malformed_responses_get_one_verdict(shape: str) -> None:
-    """The same answer from either codec, at once (h11's verdict, see the README)."""
+    """The same answer from either codec, at once (h11's verdict, see the README); a
+    connection whose framing was in doubt is closed after the response, never reused."""
     response_bytes, body, header = SHAPES[shape]
     with RawServer(canned(response_bytes)) as srv:
         transport = BulkheadTransport()
@@ -201,6 +216,11 @@ async def test_malformed_responses_get_one_verdict(shape: str) -> None:
                     assert response.content == body
                     if header is not None:
                         assert response.headers[header[0]] == header[1]
+                    after = await client.get(f"{srv.url}/next")
+                    closed = shape in DOUBTFUL
+                    assert after.content == (b"/next" if closed else body)  # conn 0 answers alike
+                    assert after.extensions["bulkhead"].reused is not closed
             stats = transport.statistics()[srv.url]
             assert stats.running == 0
             assert stats.error == (1 if body is None else 0)
+            assert stats.not_reusable == (1 if shape in DOUBTFUL else 0)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 import httpx
@@ -39,36 +40,6 @@ from tests.servers.tls import wrong_host_server_tls
 pytestmark = pytest.mark.anyio
 SECRET = "s3cr3t-pa55"
 TIMEOUT = 10.0
-
-
-@pytest.fixture(scope="module")
-def papp() -> TestApp:
-    return TestApp()
-
-
-@pytest.fixture(scope="module")
-def target(papp: TestApp) -> Iterator[HypercornServer]:
-    with HypercornServer(papp) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def tls_target(papp: TestApp) -> Iterator[HypercornServer]:
-    with HypercornServer(papp, tls=default_server_tls()) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def _egress() -> Iterator[ProxyEgress]:
-    with ProxyEgress() as egress:
-        yield egress
-
-
-@pytest.fixture
-def egress(_egress: ProxyEgress) -> ProxyEgress:
-    _egress.ledger.wait_for(lambda led: not any(s.open_now for s in led.targets().values()))
-    _egress.ledger.reset()
-    return _egress
 
 
 def trusting(flavour: Flavour, **kwargs: object) -> Transport:
@@ -276,6 +247,99 @@ async def test_socks5_with_and_without_remote_dns(
         ]
 
 
+#: Target names only the tests' resolver knows (``.test`` is reserved: RFC 6761 §6.2).
+SLOW_NAME, UNKNOWN_NAME = "slow-resolver.test", "unknown.test"
+RESOLVER_THREAD = "httpx_bulkhead resolver"
+
+
+def resolving(name: str, answer: Callable[[], None]) -> Callable[..., object]:
+    """``socket.getaddrinfo`` with ``name`` answered by ``answer()`` (it blocks or raises;
+    then ``name`` is 127.0.0.1).  Other names go to the system resolver, and so do numeric
+    lookups (trio asks for ``AI_NUMERICHOST`` first): these tests name 127.0.0.1 only.
+
+    The seam is the system resolver, the last call before the C library whichever backend
+    or thread makes it.  A DNS server on 127.0.0.1 would not do: the system resolver reads
+    ``/etc/resolv.conf`` (port 53), which a test must not change."""
+    system = socket.getaddrinfo
+
+    def resolver(host: str | bytes, port: object, *args: int, **kwargs: int) -> object:
+        looked_up = host.decode() if isinstance(host, bytes) else host
+        flags = args[3] if len(args) > 3 else kwargs.get("flags", 0)
+        if looked_up == name and not flags & socket.AI_NUMERICHOST:
+            answer()
+            host = "127.0.0.1"
+        return system(host, port, *args, **kwargs)  # type: ignore[arg-type]
+
+    return resolver
+
+
+@pytest.mark.parametrize("bound", ["connect_timeout", "request_timeout"])
+async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
+    target: HypercornServer, flavour: Flavour, bound: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """socks5:// resolves the target's name here, inside the connect's deadline: a resolver
+    that does not answer is cut by the connect timeout (or the request's budget) like the
+    proxy itself, with an error naming the lookup; the abandoned lookup ends when the
+    resolver answers."""
+    release, entered, answered = threading.Event(), threading.Event(), threading.Event()
+
+    def hang() -> None:
+        entered.set()
+        try:
+            release.wait(10)  # the test's end releases it; 10 s only ends a failing run
+        finally:
+            answered.set()
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolving(SLOW_NAME, hang))
+    if bound == "connect_timeout":
+        timeout, policy = httpx.Timeout(5, connect=0.2), None
+        expected: type[Exception] = httpx.ConnectTimeout
+    else:
+        timeout, policy, expected = httpx.Timeout(5), Policy(request_timeout=0.2), RequestTimeout
+    with ProxyEgress() as socks:
+        proxy = f"socks5://127.0.0.1:{socks.port}"
+        transport = make_transport(flavour, proxy=proxy, default=policy)
+        try:
+            async with client_for(transport, timeout=timeout) as client:
+                with pytest.raises(expected) as info:
+                    await client.get(f"http://{SLOW_NAME}:{target.port}/")
+                assert entered.is_set() and not answered.is_set()  # cut while it hung
+        finally:
+            release.set()
+        error = info.value if bound == "connect_timeout" else info.value.__cause__
+        assert isinstance(error, httpx.ConnectTimeout), repr(error)
+        assert str(error) == f"connect timed out resolving {SLOW_NAME} (through proxy {proxy})"
+        stats = transport.statistics()[f"http://{SLOW_NAME}:{target.port}"]
+        assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
+        await until(answered.is_set)  # the abandoned lookup ends once the resolver answers
+        await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))
+        assert socks.ledger.targets() == {} and socks.ledger.refused == []  # nothing asked
+
+
+async def test_a_socks5_name_the_resolver_refuses_is_a_connect_error(
+    target: HypercornServer, flavour: Flavour, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """socks5://: the resolver's failure (raised in its thread, for the sync transport) is
+    an ``httpx.ConnectError`` naming the name, and no tunnel is asked for."""
+
+    def refuse_name() -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolving(UNKNOWN_NAME, refuse_name))
+    with ProxyEgress() as socks:
+        proxy = f"socks5://127.0.0.1:{socks.port}"
+        transport = make_transport(flavour, proxy=proxy)
+        async with client_for(transport, timeout=5) as client:
+            with pytest.raises(
+                httpx.ConnectError, match=f"^cannot resolve {UNKNOWN_NAME}: "
+            ) as info:
+                await client.get(f"http://{UNKNOWN_NAME}:{target.port}/")
+            assert isinstance(info.value.__cause__, socket.gaierror), repr(info.value.__cause__)
+            # the same transport reaches a name the resolver knows through the same proxy
+            assert (await client.get(f"http://localhost:{target.port}/")).text == "hello"
+        assert socks.ledger.targets().keys() == {f"127.0.0.1:{target.port}"}
+
+
 async def test_socks5_credentials(target: HypercornServer, flavour: Flavour) -> None:
     with ProxyEgress(auth=("user", SECRET)) as socks:
         good = trusting(flavour, proxy=f"socks5://user:{SECRET}@127.0.0.1:{socks.port}")
@@ -384,16 +448,20 @@ async def test_credentials_stay_out_of_logs_and_reprs(
 
 @pytest.mark.parametrize("kind", ["forward", "tunnel"])
 async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
-    papp: TestApp, egress: ProxyEgress, kind: str, unique: Callable[[str], str], flavour: Flavour
+    target_app: TestApp,
+    egress: ProxyEgress,
+    kind: str,
+    unique: Callable[[str], str],
+    flavour: Flavour,
 ) -> None:
     """Two targets through one proxy, one slow (its requests parked): the fast one is
     served throughout, and the proxy never holds more connections to a target than its
     compartment's limit."""
-    gate = papp.gate(unique("slow"))
+    gate = target_app.gate(unique("slow"))
     tls = default_server_tls() if kind == "tunnel" else None
     with (
-        HypercornServer(papp, tls=tls) as slow,
-        HypercornServer(papp, tls=tls) as fast,
+        HypercornServer(target_app, tls=tls) as slow,
+        HypercornServer(target_app, tls=tls) as fast,
         FaultProxy() as proxy,
     ):
         slow_key = f"127.0.0.1:{slow.port}"
@@ -422,17 +490,17 @@ async def test_a_slow_target_behind_the_proxy_does_not_starve_another(
 
 @pytest.mark.parametrize("kind", ["forward", "tunnel"])
 async def test_32_callers_on_each_of_two_targets_behind_one_proxy(
-    papp: TestApp, kind: str, unique: Callable[[str], str], flavour: Flavour
+    target_app: TestApp, kind: str, unique: Callable[[str], str], flavour: Flavour
 ) -> None:
     """Where concurrency matters (sync: 64 worker threads): 32 callers on a slow target
     (parked at a gate) and 32 on a fast one, through one proxy.  All the fast ones complete
     while the slow ones are parked; the proxy never holds more connections to a target
     than its compartment's limit; once the gate opens, the slow ones complete too."""
-    gate = papp.gate(unique("slow32"))
+    gate = target_app.gate(unique("slow32"))
     tls = default_server_tls() if kind == "tunnel" else None
     with (
-        HypercornServer(papp, tls=tls) as slow,
-        HypercornServer(papp, tls=tls) as fast,
+        HypercornServer(target_app, tls=tls) as slow,
+        HypercornServer(target_app, tls=tls) as fast,
         FaultProxy() as proxy,
     ):
         slow_key, fast_key = f"127.0.0.1:{slow.port}", f"127.0.0.1:{fast.port}"
@@ -466,13 +534,13 @@ async def test_32_callers_on_each_of_two_targets_behind_one_proxy(
 
 
 async def test_request_timeout_through_a_tunnel_discards_the_connection(
-    papp: TestApp,
+    target_app: TestApp,
     egress: ProxyEgress,
     tls_target: HypercornServer,
     unique: Callable[[str], str],
     flavour: Flavour,
 ) -> None:
-    gate = papp.gate(unique("rt"))
+    gate = target_app.gate(unique("rt"))
     with TinyProxy(egress) as proxy:
         # The budget covers the next request too: a new tunnel and a TLS handshake, which
         # took over 0.3 s once on a loaded CI machine.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import ssl
-from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import httpx
@@ -40,24 +39,6 @@ TIMEOUT = 10.0
 SECRET = "pa55-w0rd"
 
 
-@pytest.fixture(scope="module")
-def target() -> Iterator[HypercornServer]:
-    with HypercornServer(TestApp()) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def tls_target() -> Iterator[HypercornServer]:
-    with HypercornServer(TestApp(), tls=default_server_tls()) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def egress() -> Iterator[ProxyEgress]:
-    with ProxyEgress() as egress:
-        yield egress
-
-
 async def open_stream(port: int) -> AnyioStream:
     return AnyioStream(await anyio.connect_tcp("127.0.0.1", port))
 
@@ -77,12 +58,6 @@ async def tunnel_get(port: int, handshake: Handshake, host: str) -> bytes:
         return received
     finally:
         await stream.aclose()
-
-
-@pytest.fixture
-async def tinyproxy(egress: ProxyEgress) -> AsyncIterator[TinyProxy]:
-    with TinyProxy(egress) as proxy:
-        yield proxy
 
 
 async def test_connect_through_tinyproxy(tinyproxy: TinyProxy, target: HypercornServer) -> None:

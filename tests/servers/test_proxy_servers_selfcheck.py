@@ -42,49 +42,6 @@ TIMEOUT = 10.0
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture(scope="module")
-def app() -> TestApp:
-    return TestApp()
-
-
-@pytest.fixture(scope="module")
-def target(app: TestApp) -> Iterator[HypercornServer]:
-    with HypercornServer(app) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def tls_target(app: TestApp) -> Iterator[HypercornServer]:
-    with HypercornServer(app, tls=default_server_tls()) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def _egress() -> Iterator[ProxyEgress]:
-    with ProxyEgress() as egress:
-        yield egress
-
-
-@pytest.fixture
-def egress(_egress: ProxyEgress, app: TestApp) -> ProxyEgress:
-    app.reset()
-    # the connections of an earlier test end as their proxy closes them: let them
-    _egress.ledger.wait_for(lambda led: not any(s.open_now for s in led.targets().values()))
-    _egress.ledger.reset()
-    return _egress
-
-
-@pytest.fixture(scope="module")
-def tinyproxy(_egress: ProxyEgress) -> Iterator[TinyProxy]:
-    with TinyProxy(_egress) as proxy:
-        yield proxy
-
-
 def hostport(server: HypercornServer) -> str:
     return f"127.0.0.1:{server.port}"
 
@@ -264,13 +221,13 @@ async def test_tinyproxy_refuses_other_targets(
 async def test_tinyproxy_counts_concurrent_tunnels_per_target(
     tinyproxy: TinyProxy,
     egress: ProxyEgress,
-    app: TestApp,
+    target_app: TestApp,
     tls_target: HypercornServer,
     target: HypercornServer,
     unique: Callable[[str], str],
 ) -> None:
     name = unique("tiny")
-    gate = app.gate(name)
+    gate = target_app.gate(name)
     tunnel, forward = hostport(tls_target), hostport(target)
     async with client(tinyproxy.url) as c, anyio.create_task_group() as tg:
         for _ in range(3):

@@ -9,9 +9,11 @@ used, as under load).  ``BULKHEAD_ADAPTIVE_EXAMPLES`` runs more Hypothesis examp
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
+import statistics
 from collections.abc import Callable
 
 import pytest
@@ -21,11 +23,13 @@ from hypothesis import strategies as st
 from httpx_bulkhead import AdaptiveLimit, Policy
 from httpx_bulkhead._adaptive import (
     AIMD,
+    FIRST_PROBE_SAMPLES,
     HISTORY,
     AdaptiveController,
     Gradient,
     is_drop,
     make_algorithm,
+    refusal,
 )
 
 EXAMPLES = int(os.environ.get("BULKHEAD_ADAPTIVE_EXAMPLES") or 40)
@@ -337,8 +341,43 @@ def test_what_counts_as_a_drop() -> None:
     controller.ended(0.5, 0.1, 503, None)
     assert fed[-1] == 9  # 10 * 0.9
     controller.failed(0.9, httpx.ConnectError("refused", request=request))
-    controller.ended(0.9, 0.1, 429, None)  # not opted in: a success
-    assert fed[-1] == 9
+    controller.ended(0.9, 0.1, 429, None)  # not opted in: a refusal, not fed
+    controller.ended(0.9, 0.1, 404, None)  # an answer: fed, AIMD grows by 1/limit
+    assert fed[-1] == 9 and controller.algorithm.limit == pytest.approx(9.0 + 1 / 9.0)
+
+
+def test_what_counts_as_a_refusal() -> None:
+    assert all(refusal(status) for status in (429, 500, 502, 503, 504, 599))
+    assert not any(refusal(status) for status in (200, 204, 304, 400, 404, 499))
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_fast_refusals_are_not_read_as_a_dependency_without_load(status: int) -> None:
+    """A dependency shedding its excess answers 503 (or 429, or 500 while failing fast) at
+    once: fed as samples, those answers read as a latency far below the no-load one, and the
+    gradient grew the limit into them (and sank its no-load estimate).  Not fed, the few
+    real answers show the queue (150 ms against 100) and the limit is cut."""
+    now = [0.0]
+    controller = AdaptiveController(
+        AdaptiveLimit(initial_limit=10, probe_interval=None),
+        lambda limit: None,
+        lambda: 10,
+        lambda: now[0],
+    )
+    gradient = controller.algorithm
+    assert isinstance(gradient, Gradient)
+    for _ in range(FIRST_PROBE_SAMPLES):  # the first probe measures 100 ms
+        now[0] += 0.1
+        controller.ended(now[0] - 0.1, 0.1, 200, None)
+    assert gradient.no_load == pytest.approx(0.1) and gradient.applied == 10
+    for i in range(200):  # three refusals, at once, for every answer, 50 ms late
+        now[0] += 0.01
+        if i % 4 == 3:
+            controller.ended(now[0] - 0.15, 0.15, 200, None)
+        else:
+            controller.ended(now[0] - 0.001, 0.001, status, None)
+    assert gradient.no_load == pytest.approx(0.1)
+    assert gradient.applied < 10
 
 
 @pytest.mark.parametrize(
@@ -398,6 +437,36 @@ def test_the_default_initial_limit_fits_the_bounds_that_were_set(
     """``AdaptiveLimit(max_limit=4)`` is a valid setting: the default initial limit (10) is
     brought into the bounds given, where a value given outside them is refused."""
     spec = AdaptiveLimit(**kwargs)  # type: ignore[arg-type]
-    assert spec.initial_limit == initial and type(spec.initial_limit) is int
+    assert spec.initial_limit == initial and isinstance(spec.initial_limit, int)
+    # (an int that also says it was left at its default, so that ``dataclasses.replace``
+    # fits it anew: it prints, serialises and computes as the int it is)
+    assert json.dumps(spec.initial_limit) == f"{spec.initial_limit}" == str(initial)
     assert type(spec.max_limit) is int
     assert spec == AdaptiveLimit(**kwargs, initial_limit=initial)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("sigma", "low"), [(0.25, 0.1), (0.5, 0.1), (1.0, 0.25)])
+def test_a_wide_spread_of_latencies_is_not_a_queue_and_a_queue_still_is(
+    sigma: float, low: float
+) -> None:
+    """Each exchange's latency spread as a lognormal around the queueing dependency's (16
+    workers, 100 ms): the tolerance follows the spread the gradient measures, so the
+    limit neither collapses to a slot or two (as against a fixed 10%) nor runs away: from
+    64 slots (a queue four times the capacity) it comes down, and it stays near 16, at 4
+    slots or fewer in at most ``low`` of the rounds (at sigma 1, an LLM's spread, the
+    probe's median of 8 is off by a third now and then)."""
+    rng = random.Random(7)
+    algorithm = Gradient(AdaptiveLimit(initial_limit=64, probe_interval=None), rng)
+    service, capacity, now = 0.1, 16, 0.0
+    limits = []
+    while now < 600 * service:
+        limit = algorithm.applied
+        took = service * max(1.0, limit / capacity)
+        started, now = now, now + took
+        for _ in range(limit):
+            algorithm.update(now, started, took * rng.lognormvariate(0, sigma), False, limit)
+        limits.append(algorithm.applied)
+    settled = limits[len(limits) // 2 :]
+    assert statistics.median(settled) >= capacity * 0.75, limits
+    assert statistics.median(settled) <= capacity * 2.5, limits
+    assert sum(limit <= 4 for limit in settled) <= low * len(settled), limits

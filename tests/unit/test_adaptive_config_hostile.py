@@ -4,7 +4,9 @@ defaults of one field never make a valid setting of another invalid."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
 
 import pytest
 
@@ -66,3 +68,23 @@ def test_a_small_max_limit_alone_is_a_valid_setting(maximum: int) -> None:
     spec = AdaptiveLimit(max_limit=maximum)
     assert spec.min_limit <= spec.initial_limit <= maximum
     assert Policy(max_concurrency=spec).max_concurrency == spec
+
+
+def test_replace_refits_an_initial_limit_left_at_its_default() -> None:
+    """``dataclasses.replace`` passes every field on: an ``initial_limit`` fitted to a small
+    ``max_limit`` must not stick once that maximum is raised (it was left alone)."""
+    small = AdaptiveLimit(max_limit=4)
+    assert small.initial_limit == 4
+    assert dataclasses.replace(small, max_limit=300).initial_limit == 10
+    raised = AdaptiveLimit(min_limit=20, max_limit=50)
+    assert dataclasses.replace(raised, min_limit=1).initial_limit == 10
+    chosen = AdaptiveLimit(max_limit=8, initial_limit=3)
+    assert dataclasses.replace(chosen, max_limit=300).initial_limit == 3  # a value given stays
+
+
+def test_a_spec_with_defaults_pickles_and_compares_equal() -> None:
+    spec = AdaptiveLimit(max_limit=4)
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy == spec == AdaptiveLimit(max_limit=4, initial_limit=4)
+    assert dataclasses.replace(copy, max_limit=300).initial_limit == 10
+    assert repr(spec) == repr(AdaptiveLimit(max_limit=4, initial_limit=4))

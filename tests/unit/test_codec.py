@@ -17,6 +17,7 @@ from httpx_bulkhead._codec import (
     Head,
     Informational,
     LocalCodecError,
+    framing_in_doubt,
 )
 from httpx_bulkhead._httptools import HttptoolsCodec
 
@@ -51,6 +52,17 @@ CASES: list[tuple[str, tuple[bytes, bytes, list[tuple[bytes, bytes]]], bytes]] =
     ("bad-chunk", GET, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
     ("truncated", GET, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"),
     ("no-response", GET, b""),
+    (
+        "both-framings",
+        GET,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
+    ),
+    (
+        "http10-chunked",
+        GET,
+        b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ),
     ("reason-spaces", GET, b"HTTP/1.1 418 I'm a teapot\r\nContent-Length: 0\r\n\r\n"),
     (
         "set-cookie",
@@ -221,3 +233,41 @@ def test_head_exchange_answers_like_h11() -> None:
         assert codec.next_event() is END
         assert not codec.awaiting_response
         assert codec.has_trailing_data  # bytes after a HEAD response's head: not kept
+
+
+@pytest.mark.parametrize(
+    ("version", "length", "coding", "doubt"),
+    [
+        (b"1.1", False, False, False),
+        (b"1.1", True, False, False),  # Content-Length
+        (b"1.1", False, True, False),  # chunked
+        (b"1.1", True, True, True),  # both (RFC 9112 §6.3)
+        (b"1.0", False, False, False),
+        (b"1.0", True, False, False),
+        (b"1.0", False, True, True),  # Transfer-Encoding in HTTP/1.0 (§6.1)
+        (b"1.0", True, True, True),
+    ],
+)
+def test_framing_in_doubt(version: bytes, length: bool, coding: bool, doubt: bool) -> None:
+    assert framing_in_doubt(version, length, coding) is doubt
+
+
+@pytest.mark.parametrize("make", [H11Codec, HttptoolsCodec])
+def test_a_response_whose_framing_is_in_doubt_closes_its_connection(make: Any) -> None:
+    """Read by its Transfer-Encoding, then not reused (a plain chunked response is)."""
+    chunked = b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    heads = {
+        b"HTTP/1.1 200 OK\r\n": True,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n": False,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n": False,  # a split response
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n": False,
+    }
+    for head, reusable in heads.items():
+        codec = make(1024)
+        codec.request(*GET)
+        codec.end()
+        codec.feed(head + chunked)
+        assert type(codec.next_event()) is Head
+        assert codec.next_event() == b"hello"
+        assert codec.next_event() is END
+        assert codec.reuse() is reusable, head

@@ -175,11 +175,53 @@ RESPONSES: dict[str, tuple[bytes, bool, Verdict]] = {
         False,
         ERROR,
     ),
-    "Content-Length with Transfer-Encoding: chunked wins": (
+    # Framing in doubt (RFC 9112 §6.3, §6.1): read by Transfer-Encoding, as h11 reads it,
+    # and the connection closes after it (stricter than h11, which keeps it).
+    "Content-Length with Transfer-Encoding: chunked wins, then close": (
         b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5\r\nhello\r\n0\r\n\r\n",
         False,
-        ok(headers=[(b"Content-Length", b"3"), TE]),
+        ok(headers=[(b"Content-Length", b"3"), TE], reusable=False),
+    ),
+    "Transfer-Encoding before Content-Length": (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\ncontent-length: 5\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
+        False,
+        ok(headers=[(b"transfer-encoding", b"chunked"), (b"content-length", b"5")], reusable=False),
+    ),
+    "response split: the chunked body ends early, Content-Length counts a second response": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 52\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
+        False,
+        ok(headers=[(b"Content-Length", b"52"), TE], reusable=False),
+    ),
+    "response split, the second response in the same read": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 52\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled",
+        False,
+        ok(headers=[(b"Content-Length", b"52"), TE], reusable=False),
+    ),
+    "HTTP/1.0 with Transfer-Encoding and keep-alive": (
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
+        False,
+        ok(headers=[(b"Connection", b"keep-alive"), TE], reusable=False),
+    ),
+    "HTTP/1.0 with both framings": (
+        b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
+        False,
+        ok(headers=[(b"Content-Length", b"3"), TE], reusable=False),
+    ),
+    "204 with both framings": (
+        b"HTTP/1.1 204 No Content\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        False,
+        ok(b"", headers=[(b"Content-Length", b"3"), TE], reusable=False),
+    ),
+    "Content-Length with another coding": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+        False,
+        ERROR,
     ),
     "obs-fold is unfolded": (
         b"HTTP/1.1 200 OK\r\nX: a\r\n  b\r\nContent-Length: 5\r\n\r\nhello",
@@ -306,6 +348,16 @@ def test_responses_get_the_decided_verdict(case: str, reads: str) -> None:
     reference, fast = verdicts([Exchange(request, pieces, eof=eof)])
     assert fast == reference
     assert verdict_of(reference) == decided
+
+
+def test_a_head_response_with_both_framings_closes_the_connection() -> None:
+    """No body follows a HEAD response whatever its framing fields (RFC 9112 §6.3 rule 1),
+    but a server that sends both broke §6.2: its connection is not reused either."""
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+    request = Request(method=b"HEAD", headers=[HOST])
+    reference, fast = verdicts([Exchange(request, [wire], eof=False)])
+    assert fast == reference
+    assert verdict_of(reference) == ok(b"", headers=[(b"Content-Length", b"3"), TE], reusable=False)
 
 
 def test_an_h11_exchange_leaves_trailing_data_noticed() -> None:
