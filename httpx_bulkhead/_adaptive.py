@@ -1080,6 +1080,17 @@ class AdaptiveController:
         if base != self.history[-1][1]:
             self.history.append((now, base))
 
+    def rearm(self) -> None:
+        """The transport moved to another event loop: a headroom test's timer armed on the
+        old one would never fire; arm it again (on the new one) for the same instant."""
+        if self._timer is None or self._call_later is None:
+            return
+        self._cancel_timer()
+        algorithm = self.algorithm
+        open_at = algorithm.open_at if type(algorithm) is Gradient else None
+        if open_at is not None:
+            self._timer = self._call_later(max(0.0, open_at - self._clock()), self._open)
+
     def close(self) -> None:
         """No more timers (the transport is closing)."""
         self._cancel_timer()

@@ -31,7 +31,7 @@ import httpx
 
 from ._adaptive import AdaptiveController, AdaptiveLimit
 from ._config import HTTPVersions, Origin, Policy
-from ._connections import Connections, Lease
+from ._connections import LOOP_LEFT, Connections, Lease
 from ._events import Recorder, protocol_of
 from ._exceptions import AcquireTimeout
 from ._exchange import (
@@ -52,6 +52,7 @@ from ._fleet_slots import FleetSlots
 from ._leaks import LeakDetector, LeakWatch
 from ._log import log_debug
 from ._network import Network
+from ._pool import Discard
 from ._response import ResponseStream
 from ._slots import Slots
 from ._stats import (
@@ -147,6 +148,7 @@ class Compartment:
             exceptions of an exchange (``ConnectError``, ``ReadTimeout``, ...).
         """
         timeout = request.extensions.get("timeout") or {}
+        epoch = self.connections.pool.epoch  # (the loop's: see ``Connections.abandon``)
         started = self._clock()
         budget = _shorter(timeout.get("pool"), self.policy.acquire_timeout)
         try:
@@ -161,7 +163,7 @@ class Compartment:
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
             lease, exchange, head, retried, conn_wait, sent = await self.send(
-                request, origin, timeouts, acquire_deadline, timeout.get("connect")
+                request, origin, timeouts, acquire_deadline, timeout.get("connect"), epoch
             )
         except BaseException as exc:
             try:  # (an interrupt landing in the bookkeeping must not keep the slot)
@@ -238,6 +240,7 @@ class Compartment:
         timeouts: Timeouts,
         acquire_by: float | None,
         connect: float | None,
+        epoch: int | None = None,
     ) -> tuple[Lease, Exchange, ResponseHead, bool, float, float]:
         """Check out a connection and send ``request``; returns the connection, exchange,
         response head, whether it was sent again, the seconds waited for a connection, and
@@ -246,6 +249,7 @@ class Compartment:
         A request that fails on a *reused* connection before any response byte (the server
         closed it while idle) is sent again, once, on a new connection when ``_can_retry``.
         A request HTTP/2 refused unprocessed (GOAWAY, REFUSED_STREAM) is replayed elsewhere.
+        ``epoch``: the pool's when the request began (``Connections.checkout``).
         """
         trace: TraceFn | None = request.extensions.get("trace")
         checkout = self.connections.checkout
@@ -253,7 +257,9 @@ class Compartment:
         replays, waited = 0, 0.0
         while True:
             fresh = retried or elsewhere
-            lease, wait = await checkout(request, origin, acquire_by, connect, timeouts, fresh)
+            lease, wait = await checkout(
+                request, origin, acquire_by, connect, timeouts, fresh, epoch
+            )
             waited += wait
             exchange = lease.conn.start_exchange(lease.served > 1)
             sent = 0.0 if self.adaptive is None else self._clock()  # connected: no dial time
@@ -261,6 +267,7 @@ class Compartment:
                 head = await exchange.send_request(request, timeouts, trace)
             except Refused as refused:
                 await self.connections.end_exchange(lease, exchange, None)
+                _raise_if_left(lease, request, refused)
                 self._replay(request, exchange, replays)
                 elsewhere = refused.elsewhere
                 replays += 1
@@ -278,6 +285,7 @@ class Compartment:
                 continue
             except BaseException as exc:
                 await self.connections.end_exchange(lease, exchange, exc)
+                _raise_if_left(lease, request, exc)
                 if retried or not _can_retry(exc, exchange, request):
                     raise
                 retried = True
@@ -317,6 +325,20 @@ class Compartment:
         limiter, pool = self.slots.limiter, self.connections.pool
         return not (limiter.running or limiter.waiting or pool.waiting) and pool.total == pool.idle
 
+    # unasync: skip
+    def abandon(self) -> Awaitable[None] | None:
+        """The transport moved to another event loop: the old loop's connections are
+        discarded and its waiters (for a slot, for a connection) leave the queues unwoken
+        (``Connections.abandon``); slots held by requests still under way there stay held
+        until those requests end.  The returned awaitable finishes closing connections."""
+        self.slots.limiter.abandon()
+        if self.adaptive is not None:
+            self.adaptive.rearm()
+        if self.fleet is not None:
+            self.fleet.abandon()
+        return self.connections.abandon()
+
+    # unasync: end
     def retire(self) -> Awaitable[None] | None:
         """Evicted at rest: refuse new work, close the idle connections (the returned
         awaitable finishes closing them).  The router no longer routes to it."""
@@ -401,6 +423,21 @@ def _response(
     return httpx.Response(
         status_code=head.status, headers=head.headers, stream=stream, extensions=extensions
     )
+
+
+def _raise_if_left(lease: Lease, request: httpx.Request, exc: BaseException) -> None:
+    """A request whose connection the transport closed when another loop took it over
+    (``Connections.abandon``) fails naming that, with the error type it had (a refusal
+    reads as a ``ReadError``), and is never sent again: that would take connections of the
+    loop that took over.  Only on the error path."""
+    if lease.reason is not Discard.LOOP_CHANGED:
+        return
+    kind: type[httpx.TransportError] = httpx.ReadError
+    if isinstance(exc, httpx.WriteError | httpx.RemoteProtocolError):
+        kind = type(exc)
+    elif not isinstance(exc, Refused | httpx.ReadError):
+        return  # (a timeout, a cancellation: the request's own end)
+    raise kind(f"connection closed: {LOOP_LEFT}", request=request) from exc
 
 
 def _shorter(a: float | None, b: float | None) -> float | None:

@@ -9,6 +9,10 @@ Connection accounting: every exchange started on a connection ends exactly once,
 ``end_exchange()`` (or ``end_abandoned()``, for a response nobody awaits), which pools,
 keeps (HTTP/2 stream reset) or closes the connection.
 
+One loop at a time: every connection here belongs to the loop that opened it; when the
+transport changes hands (``abandon``, asyncio and trio only) a dial still under way on the
+old loop is closed when it completes (the pool's ``epoch``).
+
 Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
 already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
 re-arms for the next deadline.  So at most one timer per compartment is pending, and it
@@ -17,6 +21,7 @@ fires about once per idle deadline, not per request.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from collections.abc import Awaitable, Callable
@@ -40,7 +45,14 @@ from ._streams import NetStream
 from ._timers import TimerHandle, Timers
 from ._trace import TraceFn
 
-__all__ = ["Connections", "Lease"]
+__all__ = ["LOOP_LEFT", "Connections", "Lease"]
+
+#: Why a request still under way on a loop the transport has left is refused.
+LOOP_LEFT = (
+    "the transport was taken over by another loop (asyncio or trio run) while this request"
+    " was under way: it cannot go on here (one loop uses a transport at a time; the"
+    " connections of this one were closed)"
+)
 
 #: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
 #: pool's record of it.  A request holds one from checkout to the end of its exchange.
@@ -107,16 +119,23 @@ class Connections(ConnectionListener):
         connect_timeout: float | None,
         timeouts: Timeouts | None = None,
         fresh: bool = False,
+        epoch: int | None = None,
     ) -> tuple[Lease, float]:
         """A connection for ``request``: one with spare capacity (most recently used first),
         a new one, or, when ``max_connections`` is reached, the next one freed (FIFO).  Also
-        returns the seconds spent waiting for it (not counting the connect).
+        returns the seconds spent waiting for it (not counting the connect).  ``epoch``: the
+        pool's when the request began (``None``: now); a request that outlived it (its loop
+        left the transport to another) gets nothing.
 
         Raises:
             AcquireTimeout, TransportClosed, httpx.ConnectError, httpx.ConnectTimeout.
         """
         waited = 0.0
+        if epoch is None:
+            epoch = self.pool.epoch
         while True:
+            if epoch != self.pool.epoch:  # another loop took the transport over meanwhile
+                raise TransportClosed(LOOP_LEFT, request=request)
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
             if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
                 await self._close_all(to_close)
@@ -137,7 +156,7 @@ class Connections(ConnectionListener):
                         await self._close_all(self.pool.discard(grant, DISCARDS[verdict]))
                         continue
                 return grant, waited
-            return await self._dial(request, origin, connect_timeout, timeouts), waited
+            return await self._dial(request, origin, connect_timeout, timeouts, epoch), waited
 
     async def _dial(
         self,
@@ -145,6 +164,7 @@ class Connections(ConnectionListener):
         origin: Origin,
         connect_timeout: float | None,
         timeouts: Timeouts | None,
+        epoch: int,
     ) -> Lease:
         trace: TraceFn | None = request.extensions.get("trace")
         by_deadline = False
@@ -154,14 +174,17 @@ class Connections(ConnectionListener):
             stream = await self._connector.connect(request, timeout=connect_timeout, trace=trace)
             conn = await self._speak(request, origin, stream, connect_timeout)
         except BaseException as exc:
-            await self._close_all(self.pool.dial_failed(origin))
+            await self._close_all(self.pool.dial_failed(origin, epoch=epoch))
             if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
                 raise timeouts.expired("while connecting", request) from exc
             raise
         lease = self.open[conn] = PoolEntry(origin, conn)
         multiplexed = isinstance(conn, HTTP2Connection)
-        await self._close_all(self.pool.dialed(lease, self._clock(), multiplexed=multiplexed))
+        now = self._clock()
+        await self._close_all(self.pool.dialed(lease, now, multiplexed=multiplexed, epoch=epoch))
         await self._close_pending()
+        if not lease.in_pool:  # opened on a loop the transport has left (``abandon``)
+            raise TransportClosed(LOOP_LEFT, request=request)
         return lease
 
     async def _speak(
@@ -397,6 +420,27 @@ class Connections(ConnectionListener):
         )
         raise acquire_timeout(self._name, "connection", self._policy, request, load)
 
+    # unasync: skip
+    def abandon(self) -> Awaitable[None] | None:
+        """The transport moved to another event loop: everything here belongs to the old
+        one.  Every connection is discarded (``loop_changed``) and aborted now, without the
+        old loop (``NetStream.abort``); the returned awaitable, awaited on the new loop,
+        finishes closing them.  Waiters of the old loop leave the queues unwoken, and the
+        sweep armed there is forgotten (the next is armed on the new loop)."""
+        self.pool.abandon(list(self.open.values()))
+        self._closing = []  # (discarded already: they are in ``open`` until closed)
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep, self._sweep_at = None, math.inf
+        stranded = list(self.open.values())
+        for lease in stranded:
+            # A task of a closed loop still waiting on the connection cannot be woken:
+            # waking it raises "Event loop is closed" (the socket is closed first).
+            with contextlib.suppress(RuntimeError):
+                lease.conn.abort()
+        return self._close_all(stranded) if stranded else None
+
+    # unasync: end
     def retire(self) -> Awaitable[None] | None:
         """No more connections: close the idle ones (the returned awaitable finishes)."""
         self._stop()

@@ -5,7 +5,8 @@ The tree, as a caller sees it (two classes have two parents, so they appear twic
     httpx.TransportError
      ├── BulkheadError                a rule of the bulkhead stopped the request
      │    ├── BulkheadFull            the wait queue (max_pending) is full: rejected at once
-     │    ├── TransportClosed         the transport was closed (before or while waiting)
+     │    ├── TransportClosed         the transport was closed (before or while waiting), or another
+     │    │                           event loop took it over from this request's (see the message)
      │    ├── AcquireTimeout          no slot, connection or fleet lease within the acquire timeout
      │    ├── FleetUnavailable        the Redis of a fleet limit is unavailable ("reject")
      │    └── RequestTimeout          request_timeout passed: the exchange was abandoned
@@ -56,7 +57,9 @@ class BulkheadFull(BulkheadError):
 
 
 class TransportClosed(BulkheadError):
-    """The transport was closed before the request could get a slot."""
+    """The transport was closed before the request could get a slot; or, for a request
+    begun on an event loop that another loop has since taken the transport over from,
+    before it could get a connection (the message says which)."""
 
 
 class AcquireTimeout(httpx.PoolTimeout, BulkheadError):

@@ -43,6 +43,13 @@ request goes on as a local lease.  Local leases (fallbacks, lost ones) are adopt
 next renewal that Redis answers, even past the limit, so after an outage the fleet count
 includes every request still running and the limit holds again.
 
+**Another event loop.**  A transport used from a new loop hands everything of the old one
+over (``BulkheadTransport._abandon``); here ``abandon`` drops the loop's part: our own Redis
+client (its sockets closed without the old loop), the listener task, the waiters and the
+events they sleep on.  The next ``acquire`` starts afresh on the new loop; held leases stay
+held (renewed from the new loop once it asks, given back by their requests as usual).  A
+client the caller gave is theirs: it must suit the new loop.
+
 **Backends.**  redis-py's asyncio client needs asyncio: under trio (or any other loop)
 ``acquire`` raises ``RuntimeError`` naming the backend before doing anything.
 
@@ -72,6 +79,7 @@ import sniffio
 from . import _fleet_lua as lua
 from ._exceptions import AcquireTimeout, FleetUnavailable, TransportClosed
 from ._fleet_config import DEFAULT_WAIT_TTL, FleetStats, RedisFleetLimit, redact_url
+from ._streams import close_stranded
 from ._timers import TimerHandle, Timers
 
 if TYPE_CHECKING:
@@ -166,6 +174,7 @@ class FleetLimiter:
         self._renew_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
         self._thread: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the client was made
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = False
         self._wake = asyncio.Event()  # the head waiter sleeps on it
@@ -238,10 +247,35 @@ class FleetLimiter:
                     return outcome
                 refused = outcome
         finally:
-            head = next(iter(self._queue)) is waiter
-            del self._queue[waiter]
-            if head and self._queue:
-                next(iter(self._queue)).turn.set()
+            if waiter in self._queue:  # (not after ``abandon``: the queue is another one)
+                head = next(iter(self._queue)) is waiter
+                del self._queue[waiter]
+                if head and self._queue:
+                    next(iter(self._queue)).turn.set()
+
+    def abandon(self) -> None:
+        """The transport moved to another event loop: drop what belongs to the old one (see
+        the module docstring); the next ``acquire`` starts afresh.  Waiters of the old loop
+        are not woken (its loop may be closed)."""
+        client, loop, listener = self._client, self._loop, self._listener
+        if client is None or self._closed:
+            return
+        self._client = self._loop = self._listener = None
+        self._acquire_script = self._renew_script = self._release_script = None
+        self._subscribed = False
+        if listener is not None and loop is not None and not loop.is_closed():
+            listener.cancel()  # (a closed loop runs it no more)
+        if loop is not None and isinstance(self.config.url_or_client, str):
+            _close_stranded_client(client, loop)
+        self._queue = OrderedDict()
+        self._wake = asyncio.Event()
+        self._asking = asyncio.Semaphore(_MAX_ASKING)
+        self._flushing = False  # a removal in flight there: its ids are sent again
+        self._flushed = asyncio.Event()
+        self._flushed.set()
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
 
     def statistics(self) -> FleetStats:
         """A snapshot of the counters (see ``FleetStats``)."""
@@ -269,6 +303,8 @@ class FleetLimiter:
         round trip, best effort), the listener stops, and an own client is closed."""
         if self._closed:
             return
+        if self._client is None and self._to_remove and _current_library() == "asyncio":
+            self._start()  # leases given back at the end of a loop the transport has left
         self._closed = True
         for waiter in self._queue:
             waiter.turn.set()
@@ -311,7 +347,10 @@ class FleetLimiter:
         self._release_script = self._client.register_script(lua.RELEASE)
         self._thread = threading.get_ident()
         self._timers.bind()
-        self._listener = asyncio.get_running_loop().create_task(self._listen())
+        self._loop = asyncio.get_running_loop()
+        self._listener = self._loop.create_task(self._listen())
+        if self._to_remove:  # given back at the end of a loop this one took over from
+            self._forget_later()
 
     async def _ask(
         self, deadline: float | None, request: httpx.Request | None
@@ -639,6 +678,25 @@ def _current_library() -> str:
         return sniffio.current_async_library()
     except sniffio.AsyncLibraryNotFoundError:
         return "no async library"
+
+
+def _close_stranded_client(client: Redis, loop: asyncio.AbstractEventLoop) -> None:
+    """Close the sockets of our own ``client``, made on ``loop``, without awaiting on that
+    loop (it may be closed).  redis-py closes a connection only by awaiting on its loop, so
+    this reads its pool's two connection lists and each connection's ``_writer`` (redis-py
+    5 to 8; ``tests/integration/test_loop_change.py`` holds it: no descriptor left, no
+    ``ResourceWarning``) and leaves each connection without a writer, as its own
+    ``disconnect`` does."""
+    pool = client.connection_pool
+    connections = [
+        *getattr(pool, "_available_connections", ()),
+        *getattr(pool, "_in_use_connections", ()),
+    ]
+    for connection in connections:
+        writer = getattr(connection, "_writer", None)
+        if writer is not None:
+            close_stranded(writer.transport, loop)
+            connection._writer = connection._reader = None
 
 
 def _make_client(config: RedisFleetLimit) -> Redis:

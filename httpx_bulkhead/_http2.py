@@ -366,8 +366,8 @@ class HTTP2Connection:
         await self._net.aclose()
 
     def abort(self) -> None:
+        self._net.abort()  # first: waking a stream may fail (its loop may be closed)
         self._break(httpx.ReadError, "connection closed")
-        self._net.abort()
 
     @property
     def broken(self) -> bool:

@@ -19,7 +19,9 @@ Invariants, after every method returns:
 4. ``waiting <= max_pending``; ``enqueue`` past it is refused (``BulkheadFull`` above).
 5. A waiter leaves the queue exactly once: granted, cancelled or closed.  Cancelling a
    waiting waiter removes it in O(1); cancelling one that was granted but had not resumed
-   yet gives its slot back, which passes it to the next waiter.
+   yet gives its slot back, which passes it to the next waiter.  Waiters of an event loop
+   the transport no longer runs on leave by ``abandon``, as cancelled and without being
+   woken (their loop may be closed); slots held there stay held until given back.
 6. Every operation is O(1): the queue is an ``OrderedDict`` (O(1) append, pop-left and
    removal from the middle).
 """
@@ -155,6 +157,15 @@ class Limiter:
             waiter, _ = self._queue.popitem(last=False)
             waiter.state = WaiterState.CLOSED
             waiter.wake()
+
+    def abandon(self) -> None:
+        """Empty the queue without waking anyone: the waiters belong to an event loop the
+        transport has left.  Each counts as cancelled while waiting; ``cancel`` on one of
+        them later does nothing."""
+        while self._queue:
+            waiter, _ = self._queue.popitem(last=False)
+            waiter.state = WaiterState.CANCELLED
+            self.cancelled_waiting += 1
 
     def _grant_free(self) -> None:
         while self._queue and self.running < self.limit:

@@ -5,7 +5,8 @@ Levels:
 * DEBUG, one line per event a person tuning the bulkheads wants to see: a transport made
   (which HTTP/1.1 parser it runs, and why: ``_parser_choice.py``), a rejection
   (``BulkheadFull``), an acquire timeout, a compartment evicted, a connection closed (with
-  its reason), an HTTP/2 replay, a stale keep-alive retry.
+  its reason), an HTTP/2 replay, a stale keep-alive retry, the transport handed over
+  to another event loop.
 * WARNING, only for what a person must act on: a slot held past ``Policy.leak_threshold``
   (and, later, its release), and an HTTP/2 server refusing a stream below the stream cap it
   advertised.

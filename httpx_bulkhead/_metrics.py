@@ -102,6 +102,7 @@ DISCARD_REASONS = (
     ("surplus", "surplus"),
     ("closed", "closed"),
     ("ping_timeout", "ping_timeouts"),
+    ("loop_changed", "loop_changed"),
 )
 
 #: The acquire-wait quantiles of ``statistics()``: label value -> field.  ``"1"`` is the

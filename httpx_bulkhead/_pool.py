@@ -36,6 +36,14 @@ Invariants:
   HTTP/2 origin opens one connection, not one each); or for a connection *place* (the right
   to dial).  Whatever frees capacity is handed straight to the head waiter that can use it.
 * Every operation is O(1) amortized: queues are ``OrderedDict``s indexed by origin.
+* The pool serves one event loop at a time (its connections, dials and waiters all belong
+  to it).  When the transport moves to another loop, ``abandon`` forgets them all at once:
+  every open connection is discarded (``LOOP_CHANGED``) and handed back to be closed
+  without the old loop, the places reserved by dials in flight are freed, and the waiters
+  leave the queues without a grant.  ``epoch`` counts these hand-overs: a dial or a waiter
+  of an earlier epoch that comes back later (its loop ran again) changes nothing here, and
+  its new connection is handed back to be closed.  Nothing per request: the check is made
+  by whoever holds a grant, when the grant is used.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import enum
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeAlias, TypeVar
 
 from ._config import Origin
@@ -79,6 +87,7 @@ class Discard(enum.Enum):
     SURPLUS = "surplus"  # more idle connections than max_idle_connections
     PING_TIMEOUT = "ping_timeout"  # an HTTP/2 health-check PING was not answered
     CLOSED = "closed"  # the transport was closed
+    LOOP_CHANGED = "loop_changed"  # opened on an event loop the transport no longer runs on
 
 
 class PoolEntry(Generic[C]):
@@ -133,15 +142,16 @@ Grant: TypeAlias = "PoolEntry[Any] | _Dial"
 
 class PoolWaiter:
     """A request waiting for a connection.  ``wake`` is called once, with ``grant`` set
-    (or left ``None`` when the pool is closed)."""
+    (or left ``None`` when the pool is closed), or never, when the pool is abandoned."""
 
-    __slots__ = ("for_streams", "grant", "origin", "wake")
+    __slots__ = ("epoch", "for_streams", "grant", "origin", "wake")
 
     def __init__(self, origin: Origin, wake: Callable[[], None]) -> None:
         self.origin = origin
         self.wake = wake
         self.grant: Grant | None = None
         self.for_streams = False  # queued for streams of its origin, not for a place
+        self.epoch = 0  # the pool's ``epoch`` when it was queued (and so granted)
 
 
 def keep_alive_deadline(idle_timeout: float | None, hint: float | None) -> float:
@@ -232,6 +242,8 @@ class Pool(Generic[C]):
         self._rng = rng or random.Random()
         self._on_drain = on_drain
         self.total = 0
+        #: Times the pool was abandoned (``abandon``): grants of an earlier epoch are void.
+        self.epoch = 0
         self._now = -math.inf  # the latest time a caller told us: expiry checks in callbacks
         self._available: dict[Origin, OrderedDict[PoolEntry[C], None]] = {}
         self._lru: OrderedDict[PoolEntry[C], None] = OrderedDict()
@@ -294,6 +306,7 @@ class Pool(Generic[C]):
         """Queue a request that got ``None`` from ``checkout``.  It may be granted at once;
         returns connections to close (idle ones evicted to make room)."""
         to_close: list[PoolEntry[C]] = []
+        waiter.epoch = self.epoch
         if self._expects_streams(waiter.origin, self._streams.count(waiter.origin) + 1):
             waiter.for_streams = True
             self._streams.push(waiter)
@@ -313,24 +326,35 @@ class Pool(Generic[C]):
             return to_close
         grant, waiter.grant = waiter.grant, None
         if grant is DIAL:
-            return self.dial_failed(waiter.origin)
+            return self.dial_failed(waiter.origin, epoch=waiter.epoch)
         assert isinstance(grant, PoolEntry)
         return self.release(grant, math.nan, reusable=True)
 
     # -- dialing -----------------------------------------------------------------------
     def dialed(
-        self, entry: PoolEntry[C], now: float, *, multiplexed: bool = False
+        self,
+        entry: PoolEntry[C],
+        now: float,
+        *,
+        multiplexed: bool = False,
+        epoch: int | None = None,
     ) -> list[PoolEntry[C]]:
         """A reserved dial succeeded: ``entry`` is open and carries the dialer's request.
-        Returns connections to close.
+        Returns connections to close: ``[entry]`` itself (discarded, ``LOOP_CHANGED``)
+        when the dial was granted in an earlier ``epoch`` (``None``: the current one).
 
         A multiplexed connection starts with a cap of one stream until the peer's
         SETTINGS arrive (``set_cap``)."""
         self._now = now
         entry.opened_at = now
+        self.created += 1
+        if epoch is not None and epoch != self.epoch:  # its place was freed by ``abandon``
+            entry.in_pool = False
+            entry.reason = Discard.LOOP_CHANGED
+            self.discards[Discard.LOOP_CHANGED] += 1
+            return [entry]
         origin = entry.origin
         self._dialing[origin] -= 1
-        self.created += 1
         self._open[origin] = self._open.get(origin, 0) + 1
         entry.active, entry.served, entry.cap = 1, 1, 1
         entry.multiplexed = multiplexed
@@ -346,9 +370,12 @@ class Pool(Generic[C]):
         self._rebalance(origin, to_close)
         return to_close
 
-    def dial_failed(self, origin: Origin) -> list[PoolEntry[C]]:
+    def dial_failed(self, origin: Origin, *, epoch: int | None = None) -> list[PoolEntry[C]]:
         """A reserved dial failed: free its place (or hand it to the head waiter).
-        Returns connections to close."""
+        Returns connections to close.  A dial granted in an earlier ``epoch`` (``None``:
+        the current one) has no place any more: nothing changes."""
+        if epoch is not None and epoch != self.epoch:
+            return []
         self._dialing[origin] -= 1
         self.total -= 1
         to_close: list[PoolEntry[C]] = []
@@ -460,6 +487,27 @@ class Pool(Generic[C]):
             self._unindex(entry)
             self._drop(entry, Discard.CLOSED)
         return closing, self._streams.drain() + self._places.drain()
+
+    def abandon(
+        self, entries: Iterable[PoolEntry[C]]
+    ) -> tuple[list[PoolEntry[C]], list[PoolWaiter]]:
+        """The event loop of everything here is no longer the transport's: discard
+        ``entries`` (every open connection, idle or in use: the pool does not index those
+        in use) for ``LOOP_CHANGED``, free the places of dials in flight and empty the
+        queues.  Returns the connections to close and the waiters that left (not woken:
+        their loop may be closed).  Starts a new ``epoch``; the pool stays open."""
+        self.epoch += 1
+        to_close: list[PoolEntry[C]] = []
+        for entry in entries:
+            if entry.in_pool:
+                self._unindex(entry)
+                self._drop(entry, Discard.LOOP_CHANGED)
+                to_close.append(entry)
+        for dialing in self._dialing.values():
+            self.total -= dialing
+        self._dialing.clear()
+        self.next_due = math.inf  # nothing is idle any more
+        return to_close, self._streams.drain() + self._places.drain()
 
     # -- internals ---------------------------------------------------------------------
     def _pick(

@@ -179,6 +179,9 @@ class CompartmentStats:
     closed: int
     #: HTTP/2: a health-check PING (``ping_after``) was not answered within ``ping_timeout``.
     ping_timeouts: int
+    #: Opened on an event loop the transport no longer runs on: closed when a request came
+    #: from another loop (``asyncio.run`` twice, pytest's per-test loops, ``trio.run`` twice).
+    loop_changed: int
     #: Open HTTP/2 connections, and the streams open on them.
     http2_connections: int
     open_streams: int
@@ -365,6 +368,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                 "surplus",
                 "closed",
                 "ping_timeouts",
+                "loop_changed",
             )
         ),
     ),

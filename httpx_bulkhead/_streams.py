@@ -43,6 +43,7 @@ __all__ = [
     "NetStream",
     "NetworkStream",
     "StreamProtocol",
+    "close_stranded",
     "socket_readable",
 ]
 
@@ -333,15 +334,52 @@ class AsyncioStream:
         return self._sock
 
     def abort(self) -> None:
-        self._transport.abort()
+        if self._loop.is_closed():  # (the transport moved to a new loop: see below)
+            if not self._proto.lost:
+                _close_on_closed_loop(self._transport)
+        else:
+            self._transport.abort()
 
     async def aclose(self) -> None:
         # abort() closes the socket from a callback it schedules at once; one turn of the
         # loop runs it.  (Waiting for connection_lost instead could hang: during a TLS
         # handshake asyncio never calls it.)
-        self._transport.abort()
+        self.abort()
         with contextlib.suppress(BaseException):
             await asyncio.sleep(0)
+
+
+def close_stranded(transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``transport``, made on ``loop``, from another loop (the transport moved): now
+    if ``loop`` is closed (``_close_on_closed_loop``), else by ``abort()``, which ``loop``
+    finishes when it runs again.  Never raises."""
+    if loop.is_closed():
+        with contextlib.suppress(AttributeError):  # (its connection was lost already)
+            _close_on_closed_loop(transport)
+    else:
+        with contextlib.suppress(RuntimeError):
+            transport.abort()
+
+
+def _close_on_closed_loop(transport: asyncio.WriteTransport) -> None:
+    """Close the socket of a transport whose event loop is closed, now: a transport reused
+    on a new loop discards the old loop's connections, and ``abort()`` would leave the
+    socket to a callback the closed loop never runs (then a ``ResourceWarning`` and the
+    descriptor held until the collector finds it).
+
+    asyncio's own transports: ``abort()`` takes the socket off the loop and fails only in
+    scheduling the last step, ``_call_connection_lost``, which we run ourselves (a private
+    method, the one we use: a closed loop runs nothing, so it cannot run twice;
+    ``tests/integration/test_loop_change.py`` holds it on every Python we test).  Another
+    loop's transports (uvloop) get ``abort()`` only."""
+    with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+        transport.abort()
+    finish = getattr(transport, "_call_connection_lost", None)
+    if finish is not None:  # (the caller checked it has not run: the protocol is not lost)
+        # A task of the closed loop still waiting on this stream cannot be woken: waking it
+        # raises "Event loop is closed" after the socket is closed (in a ``finally``).
+        with contextlib.suppress(RuntimeError):
+            finish(None)
 
 
 class AnyioStream:

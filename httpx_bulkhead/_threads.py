@@ -67,10 +67,12 @@ __all__ = [
     "TimerHandle",
     "Timers",
     "blocking",
+    "current_loop",
     "fail_after",
     "getaddrinfo",
     "iterate_unlocked",
     "move_on_after",
+    "running_loop",
     "sleep",
 ]
 
@@ -431,6 +433,17 @@ def iterate_unlocked(iterable: Iterable[T]) -> Iterator[T]:
 
 
 # -- timers ------------------------------------------------------------------------------------
+def current_loop() -> object:
+    """What ``_timers.current_loop`` is for the async transport: threads share one loop
+    (the loop lock), so this is always the same and a sync transport never changes hands."""
+    return _THREADS_LOOP
+
+
+running_loop = current_loop  # (``_timers.running_loop``'s twin)
+
+_THREADS_LOOP = object()
+
+
 class TimerHandle:
     """A scheduled callback; ``cancel()`` makes it a no-op (idempotent)."""
 

@@ -11,7 +11,9 @@ A transport owns no task group, yet three of its rules must hold while no reques
 
 ``Timers`` is the one place that schedules such work.  It binds to the event loop of the
 first call made from inside one, and rebinds if the transport is later used from another
-loop (the old loop is gone, and its timers with it).
+loop (the old loop is gone, and its timers with it).  ``current_loop`` names the loop a
+call runs on, for the transport's one check per request: a request from another loop
+hands the transport over to it (``BulkheadTransport``'s theory of operation).
 
 * asyncio: ``loop.call_later`` handles; no task exists unless a callback needs one.
 * trio (which has no ``call_later``): one system task sleeps until the earliest deadline
@@ -31,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import heapq
+import inspect
 import itertools
 import math
 import threading
@@ -41,10 +45,30 @@ from typing import Any, TypeVar
 
 from ._log import logger
 
-__all__ = ["Callback", "TimerHandle", "Timers"]
+__all__ = ["Callback", "TimerHandle", "Timers", "current_loop", "running_loop"]
 
 T = TypeVar("T")
 Callback = Callable[[], "Awaitable[None] | None"]
+
+
+#: asyncio's running loop, or ``None`` (under trio), without raising: a C function that
+#: ``asyncio`` exports.  The transport's check per request calls it first (one C call, no
+#: Python frame); ``current_loop`` only when it is not the owner (always under trio).
+running_loop: Callable[[], object] = asyncio._get_running_loop
+
+
+def current_loop() -> object:
+    """The event loop this call runs on: asyncio's loop, else trio's run (its token), else
+    ``None``."""
+    loop = running_loop()
+    if loop is not None:
+        return loop
+    try:
+        import trio  # only reached under trio (or outside any loop)
+
+        return trio.lowlevel.current_trio_token()
+    except (ImportError, RuntimeError):
+        return None
 
 
 class TimerHandle:
@@ -165,6 +189,16 @@ class Timers:
             return None
 
 
+def _task_done(
+    tasks: set[asyncio.Task[None]], awaitable: Awaitable[None], task: asyncio.Task[None]
+) -> None:
+    tasks.discard(task)
+    # Cancelled before its first step (``asyncio.run`` ends with the task just spawned):
+    # the awaitable never started; closed, it says nothing ("never awaited" otherwise).
+    if task.cancelled() and inspect.iscoroutine(awaitable):
+        awaitable.close()
+
+
 async def _await_logged(awaitable: Awaitable[None]) -> None:
     try:
         await awaitable
@@ -204,7 +238,7 @@ class _Asyncio:
             return
         task = self.loop.create_task(_await_logged(awaitable))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(functools.partial(_task_done, self.tasks, awaitable))
 
     def call_soon_threadsafe(self, fn: Callable[[], Awaitable[None] | None]) -> bool:
         if self.loop.is_closed() or not self.loop.is_running():

@@ -26,13 +26,15 @@ from ._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from ._routing import Router
 from ._stats import EVICTED, CompartmentStats, fold_evicted
-from ._timers import Timers
+from ._timers import Timers, current_loop, running_loop
 
 __all__ = ["BulkheadTransport"]
 
 #: ``DEFAULT_PORTS`` by raw (bytes) scheme, as the URL gives it without decoding.
 _DEFAULT_PORTS = {scheme.encode("ascii"): port for scheme, port in DEFAULT_PORTS.items()}
 _modules = sys.modules
+
+_NO_LOOP = object()  # before the first request (``current_loop`` may say ``None``)
 
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
@@ -150,7 +152,7 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         self._clock = _clock
         self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
         self._timers = Timers()
-        self._unbound = True
+        self._loop: object = _NO_LOOP  # the loop that owns the transport (``current_loop``)
         self._evicted: CompartmentStats | None = None
         self._events = Events()  # the exporters' per-event figures (``_events.py``)
         self._router: Router[Compartment] = Router(
@@ -211,15 +213,79 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
                 return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
-        if self._unbound:  # the first request: remember the loop that owns the transport
-            self._timers.bind()
-            self._unbound = not self._timers.bound
+        # The first request, or one from another loop (asyncio: one C call; trio: two).
+        if running_loop() is not self._loop and current_loop() is not self._loop:
+            await self._adopt()
         origin = _origin(request)
         router = self._router
         compartment = router.route(origin, request.url.path)
         if router.retired:
             await self._retire()
         return await compartment.handle(request, origin)
+
+    async def _adopt(self) -> None:
+        """The first request binds the transport (its timers) to the loop it runs on."""
+        previous, self._loop = self._loop, current_loop()
+        self._timers.bind()  # (hand-offs from other threads now come to this loop)
+        # unasync: skip
+        if previous is not _NO_LOOP:
+            await self._abandon()
+        # unasync: end
+
+    # unasync: skip
+    async def _abandon(self) -> None:
+        """A request from another event loop takes the transport over.
+
+        Theory of operation: one event loop at a time
+        ---------------------------------------------
+        Connections, waiters and timers belong to the event loop they were made on.  The
+        transport belongs to the loop of its latest request: the first request binds it,
+        and a request from another loop (a module-level client used by ``asyncio.run``
+        twice, or by pytest's per-test loops; ``trio.run`` twice) hands it over before it
+        is routed (``handle_async_request``: one call and one identity comparison per
+        request).  The hand-over is synchronous up to the closing of sockets, so no other
+        request can slip in half-way:
+
+        * every connection of the old loop is discarded (counted as ``loop_changed``) and
+          its socket closed without the old loop (a closed loop runs nothing; an open one
+          that is not running finishes closing it when it runs again), HTTP/1.1 and
+          HTTP/2 alike (``Connections.abandon``, ``Pool.abandon``);
+        * waiters of the old loop, for a slot or a connection, leave the queues unwoken
+          (waking a task of a closed loop raises), counted as ``cancelled_waiting``;
+        * timers rebind to the new loop, and those armed on the old one (idle sweeps, an
+          adaptive limit's headroom test) are armed again;
+        * a fleet limit's own Redis client, listener and events are dropped (its sockets
+          closed without the old loop) and made anew on the new loop; leases given back
+          at the old loop's end are removed from Redis from the new one
+          (``FleetLimiter.abandon``);
+        * a request still under way on the old loop is not carried over: its connection
+          is closed, and if its loop runs again it fails naming the hand-over
+          (``httpx.ReadError`` or ``WriteError`` for a cut exchange, never sent again;
+          ``TransportClosed`` for a dial that completes late, closed, not pooled, or for
+          a connection it would need: the pool's ``epoch``); the slot it holds is held
+          until it ends, as any request's.  ``asyncio.run`` and ``trio.run`` end every
+          task before they return, so in their case nothing is under way by then.
+
+        So the counters hold nothing in use, idle or waiting from the old loop.  ``aclose``
+        from another loop hands over first, then closes.  Using one transport from two
+        loops *at once* (threads) is not supported."""
+        closings: list[Awaitable[None]] = []
+        for compartment in list(self._router.compartments.values()):
+            closing = compartment.abandon()
+            if closing is not None:
+                closings.append(closing)
+            log_debug(
+                "loop_changed",
+                compartment.name,
+                "the transport is used from another event loop: the connections and"
+                " waiters of the loop it left are dropped",
+                reason="loop_changed",
+            )
+        with anyio.CancelScope(shield=True):
+            for finishing in closings:
+                await finishing
+
+    # unasync: end
 
     async def _retire(self) -> None:
         """Close what the router evicted and keep its counters.  The router no longer holds
@@ -270,6 +336,8 @@ class BulkheadTransport(httpx.AsyncBaseTransport):
         the transport runs after this returns (its timers are stopped)."""
         if self._closed:
             return
+        if running_loop() is not self._loop and current_loop() is not self._loop:
+            await self._adopt()  # (from another loop: what the old one holds goes first)
         self._closed = True
         for compartment in list(self._router.compartments.values()):
             await compartment.aclose()

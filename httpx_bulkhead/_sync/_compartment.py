@@ -33,7 +33,7 @@ import httpx
 
 from .._adaptive import AdaptiveController, AdaptiveLimit
 from .._config import HTTPVersions, Origin, Policy
-from ._connections import Connections, Lease
+from ._connections import LOOP_LEFT, Connections, Lease
 from .._events import Recorder, protocol_of
 from .._exceptions import AcquireTimeout
 from ._exchange import (
@@ -49,6 +49,7 @@ from ._exchange import (
 from .._leaks import LeakDetector, LeakWatch
 from .._log import log_debug
 from .._blocking import Network
+from .._pool import Discard
 from ._response import ResponseStream
 from ._slots import Slots
 from .._stats import (
@@ -138,6 +139,7 @@ class Compartment:
             exceptions of an exchange (``ConnectError``, ``ReadTimeout``, ...).
         """
         timeout = request.extensions.get("timeout") or {}
+        epoch = self.connections.pool.epoch  # (the loop's: see ``Connections.abandon``)
         started = self._clock()
         budget = _shorter(timeout.get("pool"), self.policy.acquire_timeout)
         try:
@@ -152,7 +154,7 @@ class Compartment:
             timeouts = self._timeouts(timeout)
             acquire_deadline = None if budget is None else started + budget
             lease, exchange, head, retried, conn_wait, sent = self.send(
-                request, origin, timeouts, acquire_deadline, timeout.get("connect")
+                request, origin, timeouts, acquire_deadline, timeout.get("connect"), epoch
             )
         except BaseException as exc:
             try:  # (an interrupt landing in the bookkeeping must not keep the slot)
@@ -229,6 +231,7 @@ class Compartment:
         timeouts: Timeouts,
         acquire_by: float | None,
         connect: float | None,
+        epoch: int | None = None,
     ) -> tuple[Lease, Exchange, ResponseHead, bool, float, float]:
         """Check out a connection and send ``request``; returns the connection, exchange,
         response head, whether it was sent again, the seconds waited for a connection, and
@@ -237,6 +240,7 @@ class Compartment:
         A request that fails on a *reused* connection before any response byte (the server
         closed it while idle) is sent again, once, on a new connection when ``_can_retry``.
         A request HTTP/2 refused unprocessed (GOAWAY, REFUSED_STREAM) is replayed elsewhere.
+        ``epoch``: the pool's when the request began (``Connections.checkout``).
         """
         trace: TraceFn | None = request.extensions.get("trace")
         checkout = self.connections.checkout
@@ -244,7 +248,9 @@ class Compartment:
         replays, waited = 0, 0.0
         while True:
             fresh = retried or elsewhere
-            lease, wait = checkout(request, origin, acquire_by, connect, timeouts, fresh)
+            lease, wait = checkout(
+                request, origin, acquire_by, connect, timeouts, fresh, epoch
+            )
             waited += wait
             exchange = lease.conn.start_exchange(lease.served > 1)
             sent = 0.0 if self.adaptive is None else self._clock()  # connected: no dial time
@@ -252,6 +258,7 @@ class Compartment:
                 head = exchange.send_request(request, timeouts, trace)
             except Refused as refused:
                 self.connections.end_exchange(lease, exchange, None)
+                _raise_if_left(lease, request, refused)
                 self._replay(request, exchange, replays)
                 elsewhere = refused.elsewhere
                 replays += 1
@@ -269,6 +276,7 @@ class Compartment:
                 continue
             except BaseException as exc:
                 self.connections.end_exchange(lease, exchange, exc)
+                _raise_if_left(lease, request, exc)
                 if retried or not _can_retry(exc, exchange, request):
                     raise
                 retried = True
@@ -373,6 +381,21 @@ def _response(
     return httpx.Response(
         status_code=head.status, headers=head.headers, stream=stream, extensions=extensions
     )
+
+
+def _raise_if_left(lease: Lease, request: httpx.Request, exc: BaseException) -> None:
+    """A request whose connection the transport closed when another loop took it over
+    (``Connections.abandon``) fails naming that, with the error type it had (a refusal
+    reads as a ``ReadError``), and is never sent again: that would take connections of the
+    loop that took over.  Only on the error path."""
+    if lease.reason is not Discard.LOOP_CHANGED:
+        return
+    kind: type[httpx.TransportError] = httpx.ReadError
+    if isinstance(exc, httpx.WriteError | httpx.RemoteProtocolError):
+        kind = type(exc)
+    elif not isinstance(exc, Refused | httpx.ReadError):
+        return  # (a timeout, a cancellation: the request's own end)
+    raise kind(f"connection closed: {LOOP_LEFT}", request=request) from exc
 
 
 def _shorter(a: float | None, b: float | None) -> float | None:

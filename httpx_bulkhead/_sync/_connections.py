@@ -11,6 +11,10 @@ Connection accounting: every exchange started on a connection ends exactly once,
 ``end_exchange()`` (or ``end_abandoned()``, for a response nobody waits for), which pools,
 keeps (HTTP/2 stream reset) or closes the connection.
 
+One loop at a time: every connection here belongs to the loop that opened it; when the
+transport changes hands (``abandon``, asyncio and trio only) a dial still under way on the
+old loop is closed when it completes (the pool's ``epoch``).
+
 Idle expiry with no traffic: whenever the pool's ``next_due`` moves earlier than the sweep
 already armed, a timer (``Timers``) is armed for it; the sweep closes what expired and
 re-arms for the next deadline.  So at most one timer per compartment is pending, and it
@@ -19,6 +23,7 @@ fires about once per idle deadline, not per request.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from collections.abc import Callable
@@ -42,7 +47,14 @@ from .._blocking import NetStream
 from .._threads import TimerHandle, Timers
 from ._trace import TraceFn
 
-__all__ = ["Connections", "Lease"]
+__all__ = ["LOOP_LEFT", "Connections", "Lease"]
+
+#: Why a request still under way on a loop the transport has left is refused.
+LOOP_LEFT = (
+    "the transport was taken over by another loop (asyncio or trio run) while this request"
+    " was under way: it cannot go on here (one loop uses a transport at a time; the"
+    " connections of this one were closed)"
+)
 
 #: A connection as the pool holds it: ``lease.conn`` is the connection, the rest is the
 #: pool's record of it.  A request holds one from checkout to the end of its exchange.
@@ -109,16 +121,23 @@ class Connections(ConnectionListener):
         connect_timeout: float | None,
         timeouts: Timeouts | None = None,
         fresh: bool = False,
+        epoch: int | None = None,
     ) -> tuple[Lease, float]:
         """A connection for ``request``: one with spare capacity (most recently used first),
         a new one, or, when ``max_connections`` is reached, the next one freed (FIFO).  Also
-        returns the seconds spent waiting for it (not counting the connect).
+        returns the seconds spent waiting for it (not counting the connect).  ``epoch``: the
+        pool's when the request began (``None``: now); a request that outlived it (its loop
+        left the transport to another) gets nothing.
 
         Raises:
             AcquireTimeout, TransportClosed, httpx.ConnectError, httpx.ConnectTimeout.
         """
         waited = 0.0
+        if epoch is None:
+            epoch = self.pool.epoch
         while True:
+            if epoch != self.pool.epoch:  # another loop took the transport over meanwhile
+                raise TransportClosed(LOOP_LEFT, request=request)
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
             if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
                 self._close_all(to_close)
@@ -139,7 +158,7 @@ class Connections(ConnectionListener):
                         self._close_all(self.pool.discard(grant, DISCARDS[verdict]))
                         continue
                 return grant, waited
-            return self._dial(request, origin, connect_timeout, timeouts), waited
+            return self._dial(request, origin, connect_timeout, timeouts, epoch), waited
 
     def _dial(
         self,
@@ -147,6 +166,7 @@ class Connections(ConnectionListener):
         origin: Origin,
         connect_timeout: float | None,
         timeouts: Timeouts | None,
+        epoch: int,
     ) -> Lease:
         trace: TraceFn | None = request.extensions.get("trace")
         by_deadline = False
@@ -156,14 +176,17 @@ class Connections(ConnectionListener):
             stream = self._connector.connect(request, timeout=connect_timeout, trace=trace)
             conn = self._speak(request, origin, stream, connect_timeout)
         except BaseException as exc:
-            self._close_all(self.pool.dial_failed(origin))
+            self._close_all(self.pool.dial_failed(origin, epoch=epoch))
             if by_deadline and isinstance(exc, httpx.ConnectTimeout) and timeouts is not None:
                 raise timeouts.expired("while connecting", request) from exc
             raise
         lease = self.open[conn] = PoolEntry(origin, conn)
         multiplexed = isinstance(conn, HTTP2Connection)
-        self._close_all(self.pool.dialed(lease, self._clock(), multiplexed=multiplexed))
+        now = self._clock()
+        self._close_all(self.pool.dialed(lease, now, multiplexed=multiplexed, epoch=epoch))
         self._close_pending()
+        if not lease.in_pool:  # opened on a loop the transport has left (``abandon``)
+            raise TransportClosed(LOOP_LEFT, request=request)
         return lease
 
     def _speak(

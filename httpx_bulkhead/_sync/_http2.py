@@ -338,8 +338,8 @@ class HTTP2Connection:
         self._net.close()
 
     def abort(self) -> None:
+        self._net.abort()  # first: waking a stream may fail (its loop may be closed)
         self._break(httpx.ReadError, "connection closed")
-        self._net.abort()
 
     @property
     def broken(self) -> bool:

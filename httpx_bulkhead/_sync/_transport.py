@@ -28,13 +28,15 @@ from .._proxy_config import ProxyKind, ProxyRoutes, ProxyValue, proxy_routes
 from ._respx import MOCKS_MODULE, respx_response
 from .._routing import Router
 from .._stats import EVICTED, CompartmentStats, fold_evicted
-from .._threads import Timers
+from .._threads import Timers, current_loop, running_loop
 
 __all__ = ["BulkheadHTTPTransport"]
 
 #: ``DEFAULT_PORTS`` by raw (bytes) scheme, as the URL gives it without decoding.
 _DEFAULT_PORTS = {scheme.encode("ascii"): port for scheme, port in DEFAULT_PORTS.items()}
 _modules = sys.modules
+
+_NO_LOOP = object()  # before the first request (``current_loop`` may say ``None``)
 
 #: Compartments kept for unlisted origins before those at rest are evicted.
 DEFAULT_MAX_DEFAULT_COMPARTMENTS = 1024
@@ -144,7 +146,7 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
         self._clock = _clock
         self._rng = _rng or random.Random()  # one for every pool: lifetime jitter
         self._timers = Timers()
-        self._unbound = True
+        self._loop: object = _NO_LOOP  # the loop that owns the transport (``current_loop``)
         self._evicted: CompartmentStats | None = None
         self._events = Events()  # the exporters' per-event figures (``_events.py``)
         self._router: Router[Compartment] = Router(
@@ -205,15 +207,21 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
                 return mocked
         if self._closed:
             raise TransportClosed("the transport is closed", request=request)
-        if self._unbound:  # the first request: bind the timers (any thread may call)
-            self._timers.bind()
-            self._unbound = not self._timers.bound
+        # The first request, or one from another loop (asyncio: one C call; trio: two).
+        if running_loop() is not self._loop and current_loop() is not self._loop:
+            self._adopt()
         origin = _origin(request)
         router = self._router
         compartment = router.route(origin, request.url.path)
         if router.retired:
             self._retire()
         return compartment.handle(request, origin)
+
+    def _adopt(self) -> None:
+        """The first request binds the transport (its timers) to the loop it runs on."""
+        previous, self._loop = self._loop, current_loop()
+        self._timers.bind()  # (hand-offs from other threads now come to this loop)
+
 
     def _retire(self) -> None:
         """Close what the router evicted and keep its counters.  The router no longer holds
@@ -264,6 +272,8 @@ class BulkheadHTTPTransport(httpx.BaseTransport):
         the transport runs after this returns (its timers are stopped)."""
         if self._closed:
             return
+        if running_loop() is not self._loop and current_loop() is not self._loop:
+            self._adopt()  # (from another loop: what the old one holds goes first)
         self._closed = True
         for compartment in list(self._router.compartments.values()):
             compartment.close()

@@ -53,6 +53,7 @@ DISCARDS = {
     "surplus": "surplus",
     "closed": "closed",
     "ping_timeout": "ping_timeouts",
+    "loop_changed": "loop_changed",
 }
 #: The fleet limit's counters (``fleet_<name>`` fields), exposed only where there is one
 #: (the evicted entry: once not zero).

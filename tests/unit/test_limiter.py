@@ -151,6 +151,27 @@ def test_close_wakes_waiters_in_order_and_refuses_new() -> None:
     assert not limiter.try_acquire() and limiter.running == 0 and limiter.acquired == 1
 
 
+def test_abandon_drops_the_waiters_unwoken_and_keeps_the_holders() -> None:
+    """The transport moved to another event loop: the old loop's waiters leave the queue
+    without being woken (counted as cancelled), slots held there stay held, and a slot
+    freed afterwards goes to the new loop's waiters, never to an abandoned one."""
+    woken: list[Waiter] = []
+    limiter = Limiter(1, max_pending=None)
+    assert limiter.try_acquire()  # held by a request of the old loop
+    old = [make_waiter(woken), make_waiter(woken)]
+    for waiter in old:
+        limiter.enqueue(waiter)
+    limiter.abandon()
+    assert woken == [] and limiter.waiting == 0 and limiter.running == 1
+    assert all(w.state is WaiterState.CANCELLED for w in old)
+    assert limiter.cancelled_waiting == 2 and limiter.acquired == 1
+    new = make_waiter(woken)
+    limiter.enqueue(new)
+    limiter.cancel(old[0], timed_out=True)  # the old loop ran again: its wait timed out
+    limiter.release()  # the old request ends
+    assert woken == [new] and limiter.running == 1 and limiter.cancelled_waiting == 2
+
+
 def test_release_without_slot_is_a_bug() -> None:
     with pytest.raises(RuntimeError):
         Limiter(1, None).release()

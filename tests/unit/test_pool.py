@@ -646,7 +646,11 @@ class PoolMachine(RuleBasedStateMachine):
 
     A woken waiter does not resume at once: it stays *granted* until the ``resume`` rule
     (or ``cancel_waiter``, which then passes its grant on) picks it, as a task that is
-    woken but not yet scheduled."""
+    woken but not yet scheduled.
+
+    ``abandon`` is the transport moving to another event loop: whatever was in flight,
+    dialing or waiting then belongs to the old loop, and ``stale_end`` lets each of those
+    come back later (its loop ran again) without changing the pool."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -670,6 +674,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.stream_waits = 0  # waiters granted an open connection
         self.errors = 0  # connections discarded by the ``discard`` rule
         self.b_dial_grants = 0
+        #: What the old loop still holds after ``abandon``: requests, dials (with their
+        #: epoch) and waiters (queued or granted), each ending at most once.
+        self.stale: list[tuple[str, object, int]] = []
 
     # -- helpers ---------------------------------------------------------------------------
     def _holders(self, entry: PoolEntry[None]) -> int:
@@ -830,6 +837,53 @@ class PoolMachine(RuleBasedStateMachine):
         exact = min((min(e.idle_deadline, e.expires_at) for e in idle), default=math.inf)
         assert self.pool.next_due == exact
 
+    @rule()
+    def abandon(self) -> None:
+        """The transport moves to another loop: every open connection goes, in use or
+        not, the places of dials in flight are freed and the queues empty (unwoken)."""
+        epoch = self.pool.epoch
+        live = [e for e in self.entries if e.in_pool]
+        before = self.pool.discards[Discard.LOOP_CHANGED]
+        closing, waiters = self.pool.abandon(live)
+        assert {id(e) for e in closing} == {id(e) for e in live}
+        assert self.pool.discards[Discard.LOOP_CHANGED] == before + len(live)
+        assert set(waiters) == set(self.waiters) and not self.woken
+        self.closed.update(id(e) for e in closing)  # (in use, too: by design)
+        assert self.pool.epoch == epoch + 1
+        assert (self.pool.total, self.pool.idle, self.pool.waiting) == (0, 0, 0)
+        assert self.pool.next_due == math.inf
+        self.stale += [("request", r, epoch) for r in self.requests]
+        self.stale += [("dial", origin, epoch) for origin in self.dials]
+        self.stale += [("waiter", w, epoch) for w in self.waiters + self.granted]
+        self.requests, self.dials, self.waiters, self.granted = [], [], [], []
+
+    @precondition(lambda self: bool(self.stale))
+    @rule(index=st.integers(0, 20), ok=st.booleans())
+    def stale_end(self, index: int, ok: bool) -> None:
+        """Something of an abandoned loop ends (its loop ran again): nothing here changes,
+        and a dial that succeeds hands its new connection back to be closed."""
+        kind, what, epoch = self.stale.pop(index % len(self.stale))
+        if kind == "request":
+            assert isinstance(what, PoolEntry) and not what.in_pool
+            if ok:
+                assert self.pool.release(what, self.now, reusable=True) == []
+            else:
+                assert self.pool.discard(what, Discard.ERROR) == [what]
+        elif kind == "dial":
+            assert isinstance(what, tuple)
+            if ok:
+                entry = PoolEntry(what, None)
+                self.entries.append(entry)
+                closing = self.pool.dialed(entry, self.now, multiplexed=what == B, epoch=epoch)
+                assert closing == [entry] and entry.reason is Discard.LOOP_CHANGED
+                self.closed.add(id(entry))
+            else:
+                assert self.pool.dial_failed(what, epoch=epoch) == []
+        else:
+            assert isinstance(what, PoolWaiter)
+            assert self.pool.cancel(what) == []
+        assert not self.woken
+
     # -- invariants ------------------------------------------------------------------------
     @invariant()
     def accounting(self) -> None:
@@ -911,3 +965,51 @@ def test_the_pool_tells_a_connection_when_it_starts_draining() -> None:
     assert pool.checkout(B, 5)[0] is second  # second carries two now
     pool.release(second, 11, reusable=True)  # past its lifetime, one still in flight
     assert drained == [goaway, old] and second.draining and second.in_pool
+
+
+def test_abandon_forgets_every_connection_and_dial_of_the_old_loop() -> None:
+    """The transport moved to another event loop: idle and in-use connections are
+    discarded (``LOOP_CHANGED``) and the place of a dial in flight is free again; what the
+    old loop does later (a dial completes or fails, a request ends) changes nothing, and
+    the pool serves the new loop in full."""
+    pool = make_pool(max_connections=3)
+    idle, busy = dial(pool, A, 0), dial(pool, A, 0)
+    pool.release(idle, 1, reusable=True)
+    assert pool.checkout(B, 1)[0] is DIAL  # a dial in flight: the pool is full
+    epoch = pool.epoch
+
+    closing, waiters = pool.abandon([idle, busy])
+    assert closing == [idle, busy] and waiters == []
+    assert (pool.total, pool.idle, pool.waiting, pool.next_due) == (0, 0, 0, math.inf)
+    assert pool.discards[Discard.LOOP_CHANGED] == 2 and pool.epoch == epoch + 1
+
+    late = PoolEntry(B, None)  # the old loop's dial completes after all
+    assert pool.dialed(late, 2, epoch=epoch) == [late]
+    assert not late.in_pool and late.reason is Discard.LOOP_CHANGED
+    assert pool.dial_failed(B, epoch=epoch) == []
+    assert pool.release(busy, 2, reusable=True) == []
+    assert (pool.total, pool.created, pool.discards[Discard.LOOP_CHANGED]) == (0, 3, 3)
+
+    fresh = [dial(pool, origin, 3) for origin in (A, A, B)]  # the whole pool, again
+    assert pool.total == 3 and all(e.in_pool for e in fresh)
+
+
+def test_waiters_of_the_old_loop_leave_unwoken_and_give_back_nothing() -> None:
+    """Waiters of the old loop leave the queues without being woken (their loop may be
+    closed); one granted a place but not yet resumed when the loop changed frees nothing
+    of the new epoch when it is cancelled later, nor does one still queued."""
+    pool = make_pool(max_connections=1)
+    entry = dial(pool, A, 0)
+    woken: list[PoolWaiter] = []
+    granted = PoolWaiter(B, lambda: woken.append(granted))
+    queued = PoolWaiter(A, lambda: woken.append(queued))
+    for waiter in (granted, queued):
+        assert pool.checkout(waiter.origin, 0) == (None, []) and pool.wait(waiter) == []
+    assert pool.discard(entry, Discard.ERROR) == [entry] and woken == [granted]
+    assert granted.grant is DIAL and pool.waiting == 1
+
+    closing, waiters = pool.abandon([])
+    assert closing == [] and waiters == [queued] and woken == [granted]
+    assert (pool.total, pool.waiting) == (0, 0)
+    assert dial(pool, A, 1).in_pool and pool.total == 1
+    assert pool.cancel(granted) == [] and pool.cancel(queued) == [] and pool.total == 1

@@ -65,6 +65,7 @@ def test_as_dict_holds_every_value_grouped_and_is_json() -> None:
             "surplus",
             "closed",
             "ping_timeouts",
+            "loop_changed",
         )
     }
 

@@ -211,6 +211,34 @@ def test_timers_follow_the_transport_to_another_loop() -> None:
     assert fired == ["trio", "asyncio", "trio again"]
 
 
+def test_work_cancelled_before_it_started_is_closed_quietly() -> None:
+    """``asyncio.run`` ends just after a hand-off spawned its work (a module-level client's
+    lease removal): the task is cancelled before its first step, and the work it would
+    have awaited is closed, not left to warn "coroutine ... was never awaited"."""
+    import asyncio
+    import gc
+    import warnings
+
+    timers = Timers()
+    started: list[str] = []
+
+    async def work() -> None:
+        started.append("work")
+
+    async def main() -> None:
+        timers.bind()
+        # Main ends now: the hand-off spawns the task in the loop's last turn, and
+        # ``asyncio.run`` cancels it before its first step.
+        assert timers.call_soon_threadsafe(work)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+        gc.collect()
+    assert started == []
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
+
+
 def test_trio_timers_drop_cancelled_handles_as_they_pile_up() -> None:
     import trio
 
