@@ -107,8 +107,8 @@ own stalls) nothing changes: the tests and the rules for a lone noisy window dea
 the noise, and a margin there let a slot of queue stand at 4 workers (phase 2's p99 from
 5 s in, loaded, 1.50x on average over seeds 1-30 with the threshold at 0.15, 1.44x as
 before at 0.2).  Over seeds 1-12 at a steady 16 workers, quiet and loaded, sigma 0.25,
-0.5 and 1 now give 1.02/1.05, 1.00/1.03 and 0.90/0.91 of a static 16's goodput (0.73
-and 0.60 at the worst, at sigma 1), with a p99 1.1x its; a steady mix of requests at 20
+0.5 and 1 now give 1.01/1.03, 1.00/1.03 and 0.90/0.91 of a static 16's goodput (0.73
+and 0.60 at the worst, at sigma 1), with a p99 1.1-1.2x its; a steady mix of requests at 20
 and 200 ms, 45-50% of them slow, no longer holds the limit at one slot.  A wide spread
 costs precision: the limit sits further above the capacity (up to the widened
 tolerance), and a probe of 8 exchanges leaves ``no_load`` uncertain (at sigma 0.5, off by
