@@ -24,6 +24,7 @@ SOCKS5, TLS in TLS), which opens its TCP connection to the proxy with ``open_tcp
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import select
 import socket
 import ssl
@@ -38,7 +39,7 @@ from ._config import DEFAULT_PORTS
 from ._exceptions import raise_mapped
 from ._network import SocketOption, set_alpn
 from ._proxy_config import ProxyRoutes, ProxySpec
-from ._threads import blocking, sleep
+from ._threads import blocking, fail_after, getaddrinfo, sleep
 from ._tls import TLSEngine
 
 __all__ = [
@@ -61,6 +62,8 @@ _CLOSED = "connection was closed"
 #: The connect timeout for "no limit" (``create_connection`` needs a number to stay out
 #: of blocking mode).
 _FOREVER = 7 * 24 * 3600.0
+#: A numeric address to connect to: ``(ip, port)`` (an IPv6 one's scope after ``%``).
+_Address = tuple[str, int]
 
 
 class NetStream(Protocol):
@@ -341,8 +344,9 @@ class Connector:
 
     def open_tcp(self, host: str, port: int) -> SocketStream:
         """A TCP stream to ``host:port`` (socket options applied), bounded by the enclosing
-        deadline scopes.  Raises ``OSError``."""
-        return SocketStream(blocking(lambda limit: self._tcp(host, port, limit), None))
+        deadline scopes (the name lookup included).  Raises ``OSError``."""
+        addresses = _addresses(host, port)
+        return SocketStream(blocking(lambda limit: self._tcp(addresses, limit), None))
 
     def connect(
         self, request: httpx.Request, *, timeout: float | None, trace: TraceFn | None
@@ -386,7 +390,9 @@ class Connector:
         try:
             if trace is not None:
                 trace(f"connection.{step}.started", config._connect_info(host, port, timeout))
-            stream = SocketStream(blocking(lambda limit: self._open(host, port, limit), timeout))
+            addresses = [] if config.uds is not None else _resolve(request, host, port, timeout)
+            left = _left(deadline)
+            stream = SocketStream(blocking(lambda limit: self._open(addresses, limit), left))
             if trace is not None:
                 trace(f"connection.{step}.complete", {"return_value": NetworkStream(stream)})
             if url.scheme == "https":
@@ -410,10 +416,10 @@ class Connector:
                     trace(f"connection.{step}.failed", {"exception": mapped})
                 raise
 
-    def _open(self, host: str, port: int, limit: float | None) -> socket.socket:
+    def _open(self, addresses: list[_Address], limit: float | None) -> socket.socket:
         config = self._config
         if config.uds is None:
-            return self._tcp(host, port, limit)
+            return self._tcp(addresses, limit)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(_FOREVER if limit is None else limit)
@@ -428,14 +434,56 @@ class Connector:
             raise
         return sock
 
-    def _tcp(self, host: str, port: int, limit: float | None) -> socket.socket:
+    def _tcp(self, addresses: list[_Address], limit: float | None) -> socket.socket:
+        """A TCP socket to the first of ``addresses`` that accepts, each tried with ``limit``
+        as ``socket.create_connection`` tries those it looks up; raises the last failure."""
         config = self._config
         local = None if config.local_address is None else (config.local_address, 0)
         wait = _FOREVER if limit is None else limit
-        sock = socket.create_connection((host, port), wait, source_address=local)
+        failure: OSError | None = None
+        for address in addresses:  # numeric: create_connection looks nothing up
+            try:
+                sock = socket.create_connection(address, wait, source_address=local)
+                break
+            except OSError as exc:
+                failure = exc
+        else:
+            raise failure or OSError(f"no address to connect to ({addresses})")
         try:
             config._apply_socket_options(sock)
         except BaseException:
             sock.close()
             raise
         return sock
+
+
+def _addresses(host: str, port: int) -> list[_Address]:
+    """Where to connect for ``host:port``: an IP literal as it is (no lookup), a name's
+    addresses from the system resolver in the order it gives them, looked up with
+    ``_threads.getaddrinfo``, so within the enclosing deadline scopes (a resolver that does
+    not answer is abandoned at the deadline).  Raises ``OSError`` (``socket.gaierror``)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return [(host, port)]
+    infos = getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[_Address] = []
+    for family, *_, sockaddr in infos:
+        ip = str(sockaddr[0])
+        if family == socket.AF_INET6 and sockaddr[3] and "%" not in ip:
+            ip = f"{ip}%{sockaddr[3]}"  # a link-local address keeps its interface
+        found.append((ip, port))
+    return list(dict.fromkeys(found))
+
+
+def _resolve(request: httpx.Request, host: str, port: int, timeout: float | None) -> list[_Address]:
+    """The direct connect's lookup of ``host``, bounded by the connect's ``timeout``: past
+    it, ``httpx.ConnectTimeout`` naming the lookup.  Raises ``OSError`` as ``_addresses``."""
+    try:
+        with fail_after(timeout):
+            return _addresses(host, port)
+    except TimeoutError as exc:
+        message = f"connect timed out resolving {host}"
+        raise httpx.ConnectTimeout(message, request=request) from exc

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import Policy, RequestTimeout
-from tests.conftest import until
+from tests.conftest import RESOLVER_THREAD, SLOW_NAME, UNKNOWN_NAME, resolving, until
 from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import HypercornServer, TestApp, default_server_tls
 from tests.servers.proxies import (
@@ -245,32 +245,6 @@ async def test_socks5_with_and_without_remote_dns(
             ("socks5", f"{host}:{tls_target.port}"),
             ("socks5", f"{host}:{target.port}"),
         ]
-
-
-#: Target names only the tests' resolver knows (``.test`` is reserved: RFC 6761 §6.2).
-SLOW_NAME, UNKNOWN_NAME = "slow-resolver.test", "unknown.test"
-RESOLVER_THREAD = "httpx_bulkhead resolver"
-
-
-def resolving(name: str, answer: Callable[[], None]) -> Callable[..., object]:
-    """``socket.getaddrinfo`` with ``name`` answered by ``answer()`` (it blocks or raises;
-    then ``name`` is 127.0.0.1).  Other names go to the system resolver, and so do numeric
-    lookups (trio asks for ``AI_NUMERICHOST`` first): these tests name 127.0.0.1 only.
-
-    The seam is the system resolver, the last call before the C library whichever backend
-    or thread makes it.  A DNS server on 127.0.0.1 would not do: the system resolver reads
-    ``/etc/resolv.conf`` (port 53), which a test must not change."""
-    system = socket.getaddrinfo
-
-    def resolver(host: str | bytes, port: object, *args: int, **kwargs: int) -> object:
-        looked_up = host.decode() if isinstance(host, bytes) else host
-        flags = args[3] if len(args) > 3 else kwargs.get("flags", 0)
-        if looked_up == name and not flags & socket.AI_NUMERICHOST:
-            answer()
-            host = "127.0.0.1"
-        return system(host, port, *args, **kwargs)  # type: ignore[arg-type]
-
-    return resolver
 
 
 @pytest.mark.parametrize("bound", ["connect_timeout", "request_timeout"])
