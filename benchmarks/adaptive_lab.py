@@ -544,11 +544,7 @@ def main() -> None:
     result = asyncio.run(run(args))
     text = markdown(result)
     print(text)
-    variant = "".join(
-        part
-        for part, on in (("_shed", args.shed is not None), ("_spread", args.sigma is not None))
-        if on
-    )
+    variant = ("" if args.shed is None else "_shed") + ("" if args.sigma is None else "_spread")
     out: Path = args.out or HERE / f"adaptive_lab{variant}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(text)

@@ -217,6 +217,7 @@ __all__ = [
     "Gradient",
     "is_drop",
     "make_algorithm",
+    "refusal",
 ]
 
 

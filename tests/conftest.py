@@ -6,11 +6,14 @@ from __future__ import annotations
 import itertools
 import shutil
 import socket
+import threading
 from collections.abc import Callable, Iterator
 
 import anyio
+import httpx
 import pytest
 
+from httpx_bulkhead import Policy, RequestTimeout
 from tests.servers import HypercornServer, TestApp
 
 pytest_plugins = ("tests.servers.proxy_fixtures",)
@@ -117,6 +120,34 @@ def resolving(name: str, answer: Callable[[], None]) -> Callable[..., object]:
         return system(host, port, *args, **kwargs)  # type: ignore[arg-type]
 
     return resolver
+
+
+class HungResolver:
+    """``socket.getaddrinfo`` (``install``) that hangs on ``SLOW_NAME`` until ``release``:
+    ``entered`` once the lookup began, ``answered`` once it returned (the abandoned lookup's
+    thread ends then)."""
+
+    def __init__(self) -> None:
+        self.release, self.entered, self.answered = (threading.Event() for _ in range(3))
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> HungResolver:
+        monkeypatch.setattr(socket, "getaddrinfo", resolving(SLOW_NAME, self._hang))
+        return self
+
+    def _hang(self) -> None:
+        self.entered.set()
+        try:
+            self.release.wait(10)  # the test's end releases it; 10 s only ends a failing run
+        finally:
+            self.answered.set()
+
+
+def lookup_deadline(bound: str) -> tuple[httpx.Timeout, Policy | None, type[Exception]]:
+    """The client timeout, policy and error of a connect cut at 0.2 s by ``bound``:
+    httpx's connect timeout, or the request's budget (``request_timeout``)."""
+    if bound == "connect_timeout":
+        return httpx.Timeout(5, connect=0.2), None, httpx.ConnectTimeout
+    return httpx.Timeout(5), Policy(request_timeout=0.2), RequestTimeout
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

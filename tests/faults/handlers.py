@@ -46,7 +46,7 @@ from hyperframe.frame import (
 from tests.servers import H2ScriptServer, H2Stream, RawConn, ServerTLS, keepalive_ok, response_bytes
 from tests.servers.asgi import ASGIApp, Message, Receive, Scope, Send
 from tests.servers.h2script import Outcome, _Connection
-from tests.servers.raw import Handler
+from tests.servers.raw import Handler, first_answer_then_ok
 
 __all__ = [
     "FAULTS",
@@ -139,19 +139,8 @@ def desync_response(smuggled: bytes = b"smuggled") -> Handler:
     same write, by a second complete response (``smuggled``) nobody asked for; then
     answers each later request on it ``second-on-0``.  A client that reuses the connection
     reads ``smuggled`` as the answer to its next request.  Other connections: ``fresh``."""
-    extra = response_bytes(200, smuggled)
-
-    def handler(conn: RawConn) -> None:
-        if conn.index != 0:
-            keepalive_ok(b"fresh")(conn)
-            return
-        if conn.read_request() is None:
-            return
-        conn.send(response_bytes(200, b"ok") + extra)
-        while conn.read_request() is not None:
-            conn.send_response(200, b"second-on-0")
-
-    return handler
+    first = response_bytes(200, b"ok") + response_bytes(200, smuggled)
+    return first_answer_then_ok(lambda conn: conn.send(first))
 
 
 def doubtful_framing(
@@ -177,19 +166,12 @@ def doubtful_framing(
         lines.append(b"Content-Length: %d" % (len(body) + len(rest)))
     first = b"\r\n".join(lines) + b"\r\n\r\n" + body
 
-    def handler(conn: RawConn) -> None:
-        if conn.index != 0:
-            keepalive_ok(b"fresh")(conn)
-            return
-        if conn.read_request() is None:
-            return
+    def answer(conn: RawConn) -> None:
         conn.send(first + rest if together else first)
         if rest and not together and conn.read_request() is not None:
             conn.send(rest)
-        while conn.read_request() is not None:
-            conn.send_response(200, b"second-on-0")
 
-    return handler
+    return first_answer_then_ok(answer)
 
 
 def stall_upload(event: str = "head") -> Handler:

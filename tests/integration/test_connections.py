@@ -4,7 +4,6 @@ the server's keep-alive hint, stale keep-alive retry, connection waits, close.""
 from __future__ import annotations
 
 import random
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -19,7 +18,7 @@ from httpx_bulkhead import (
     RequestTimeout,
     TransportClosed,
 )
-from tests.conftest import RESOLVER_THREAD, SLOW_NAME, resolving, until
+from tests.conftest import RESOLVER_THREAD, SLOW_NAME, HungResolver, lookup_deadline, until
 from tests.flavours import Flavour, client_for, make_transport
 from tests.servers import (
     HypercornServer,
@@ -508,35 +507,23 @@ async def test_a_slow_name_lookup_is_cut_by_the_connect_deadline(
     does not answer is cut by the connect timeout (or the request's budget), and the
     abandoned lookup ends when the resolver answers.  The sync transport's error names the
     lookup; the async one's is the connect's own (its lookup runs inside that scope)."""
-    release, entered, answered = threading.Event(), threading.Event(), threading.Event()
-
-    def hang() -> None:
-        entered.set()
-        try:
-            release.wait(10)  # the test's end releases it; 10 s only ends a failing run
-        finally:
-            answered.set()
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolving(SLOW_NAME, hang))
-    if bound == "connect_timeout":
-        timeout, policy = httpx.Timeout(5, connect=0.2), None
-        expected: type[Exception] = httpx.ConnectTimeout
-    else:
-        timeout, policy, expected = httpx.Timeout(5), Policy(request_timeout=0.2), RequestTimeout
+    resolver = HungResolver().install(monkeypatch)
+    timeout, policy, expected = lookup_deadline(bound)
     origin = f"http://{SLOW_NAME}:{server.port}"
     transport = make_transport(flavour, default=policy)
     try:
         async with client_for(transport, timeout=timeout) as client:
             with pytest.raises(expected) as info:
                 await client.get(f"{origin}/")
-            assert entered.is_set() and not answered.is_set()  # cut while it hung
+            # cut while it hung
+            assert resolver.entered.is_set() and not resolver.answered.is_set()
     finally:
-        release.set()
+        resolver.release.set()
     error = info.value if bound == "connect_timeout" else info.value.__cause__
     assert isinstance(error, httpx.ConnectTimeout), repr(error)
     lookup = f" resolving {SLOW_NAME}" if flavour == "sync" else ""
     assert str(error) == f"connect timed out{lookup}"
     stats = transport.statistics()[origin]
     assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
-    await until(answered.is_set)  # the abandoned lookup ends once the resolver answers
+    await until(resolver.answered.is_set)  # the abandoned lookup ends once the resolver answers
     await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))

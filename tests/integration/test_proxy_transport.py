@@ -19,7 +19,15 @@ import httpx
 import pytest
 
 from httpx_bulkhead import Policy, RequestTimeout
-from tests.conftest import RESOLVER_THREAD, SLOW_NAME, UNKNOWN_NAME, resolving, until
+from tests.conftest import (
+    RESOLVER_THREAD,
+    SLOW_NAME,
+    UNKNOWN_NAME,
+    HungResolver,
+    lookup_deadline,
+    resolving,
+    until,
+)
 from tests.flavours import Flavour, Transport, client_for, make_transport
 from tests.servers import HypercornServer, TestApp, default_server_tls
 from tests.servers.proxies import (
@@ -255,21 +263,8 @@ async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
     that does not answer is cut by the connect timeout (or the request's budget) like the
     proxy itself, with an error naming the lookup; the abandoned lookup ends when the
     resolver answers."""
-    release, entered, answered = threading.Event(), threading.Event(), threading.Event()
-
-    def hang() -> None:
-        entered.set()
-        try:
-            release.wait(10)  # the test's end releases it; 10 s only ends a failing run
-        finally:
-            answered.set()
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolving(SLOW_NAME, hang))
-    if bound == "connect_timeout":
-        timeout, policy = httpx.Timeout(5, connect=0.2), None
-        expected: type[Exception] = httpx.ConnectTimeout
-    else:
-        timeout, policy, expected = httpx.Timeout(5), Policy(request_timeout=0.2), RequestTimeout
+    resolver = HungResolver().install(monkeypatch)
+    timeout, policy, expected = lookup_deadline(bound)
     with ProxyEgress() as socks:
         proxy = f"socks5://127.0.0.1:{socks.port}"
         transport = make_transport(flavour, proxy=proxy, default=policy)
@@ -277,15 +272,17 @@ async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
             async with client_for(transport, timeout=timeout) as client:
                 with pytest.raises(expected) as info:
                     await client.get(f"http://{SLOW_NAME}:{target.port}/")
-                assert entered.is_set() and not answered.is_set()  # cut while it hung
+                assert (
+                    resolver.entered.is_set() and not resolver.answered.is_set()
+                )  # cut while it hung
         finally:
-            release.set()
+            resolver.release.set()
         error = info.value if bound == "connect_timeout" else info.value.__cause__
         assert isinstance(error, httpx.ConnectTimeout), repr(error)
         assert str(error) == f"connect timed out resolving {SLOW_NAME} (through proxy {proxy})"
         stats = transport.statistics()[f"http://{SLOW_NAME}:{target.port}"]
         assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
-        await until(answered.is_set)  # the abandoned lookup ends once the resolver answers
+        await until(resolver.answered.is_set)  # the abandoned lookup ends once the resolver answers
         await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))
         assert socks.ledger.targets() == {} and socks.ledger.refused == []  # nothing asked
 

@@ -67,6 +67,7 @@ __all__ = [
     "close_after_response",
     "extra_response_in_next_record",
     "extra_response_while_idle",
+    "first_answer_then_ok",
     "garbage_status_line",
     "huge_headers",
     "keepalive_header",
@@ -679,6 +680,25 @@ def keepalive_ok(body: bytes = b"ok", headers: Iterable[tuple[str, str]] = ()) -
     return handler
 
 
+def first_answer_then_ok(answer: Handler) -> Handler:
+    """Connection #0 has its first request answered by ``answer(conn)`` (which may read
+    more), then each later request on it ``second-on-0``; other connections answer every
+    request ``fresh``: a client that wrongly reuses connection #0 reads whatever ``answer``
+    left on it."""
+
+    def handler(conn: RawConn) -> None:
+        if conn.index != 0:
+            keepalive_ok(b"fresh")(conn)
+            return
+        if conn.read_request() is None:
+            return
+        answer(conn)
+        while conn.read_request() is not None:
+            conn.send_response(200, b"second-on-0")
+
+    return handler
+
+
 def keepalive_header(timeout: int, body: bytes = b"ok") -> Handler:
     """Like :func:`keepalive_ok`, each response also carrying
     ``Connection: keep-alive`` and ``Keep-Alive: timeout=<timeout>``.
@@ -722,18 +742,11 @@ def extra_response_in_next_record(smuggled: bytes = b"smuggled") -> Handler:
     connection and reads ``smuggled`` as the answer to its next request.
     """
 
-    def handler(conn: RawConn) -> None:
-        if conn.index != 0:
-            keepalive_ok(b"fresh")(conn)
-            return
-        if conn.read_request() is None:
-            return
+    def answer(conn: RawConn) -> None:
         first = response_bytes(200, b"ok", [("x-conn", "0")])
         conn.send_raw(conn.seal(first) + conn.seal(response_bytes(200, smuggled)))
-        while conn.read_request() is not None:
-            conn.send_response(200, b"second-on-0")
 
-    return handler
+    return first_answer_then_ok(answer)
 
 
 def extra_response_while_idle(
