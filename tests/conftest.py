@@ -143,11 +143,12 @@ class HungResolver:
 
 
 def lookup_deadline(bound: str) -> tuple[httpx.Timeout, Policy | None, type[Exception]]:
-    """The client timeout, policy and error of a connect cut at 0.2 s by ``bound``:
-    httpx's connect timeout, or the request's budget (``request_timeout``)."""
+    """The client timeout, policy and error of a connect cut at 0.5 s by ``bound``:
+    httpx's connect timeout, or the request's budget (``request_timeout``).  The lookup
+    must have begun by then (0.2 s was once too short for a loaded CI machine)."""
     if bound == "connect_timeout":
-        return httpx.Timeout(5, connect=0.2), None, httpx.ConnectTimeout
-    return httpx.Timeout(5), Policy(request_timeout=0.2), RequestTimeout
+        return httpx.Timeout(5, connect=0.5), None, httpx.ConnectTimeout
+    return httpx.Timeout(5), Policy(request_timeout=0.5), RequestTimeout
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

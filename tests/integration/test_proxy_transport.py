@@ -272,14 +272,13 @@ async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
             async with client_for(transport, timeout=timeout) as client:
                 with pytest.raises(expected) as info:
                     await client.get(f"http://{SLOW_NAME}:{target.port}/")
-                assert (
-                    resolver.entered.is_set() and not resolver.answered.is_set()
-                )  # cut while it hung
+                cut_while_hung = resolver.entered.is_set() and not resolver.answered.is_set()
         finally:
             resolver.release.set()
         error = info.value if bound == "connect_timeout" else info.value.__cause__
         assert isinstance(error, httpx.ConnectTimeout), repr(error)
         assert str(error) == f"connect timed out resolving {SLOW_NAME} (through proxy {proxy})"
+        assert cut_while_hung  # after the error's check, which says what the deadline cut instead
         stats = transport.statistics()[f"http://{SLOW_NAME}:{target.port}"]
         assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
         await until(resolver.answered.is_set)  # the abandoned lookup ends once the resolver answers
