@@ -470,3 +470,80 @@ def test_a_wide_spread_of_latencies_is_not_a_queue_and_a_queue_still_is(
     assert statistics.median(settled) >= capacity * 0.75, limits
     assert statistics.median(settled) <= capacity * 2.5, limits
     assert sum(limit <= 4 for limit in settled) <= low * len(settled), limits
+
+
+def window(algorithm: Gradient, now: float, latencies: list[float], spacing: float = 0.0) -> float:
+    """One window of exchanges with every slot in use, the i-th started ``i * spacing``
+    after ``now`` and fed as they end; returns the time after the last end."""
+    limit = algorithm.applied
+    exchanges = sorted(
+        (now + i * spacing + latency, now + i * spacing, latency)
+        for i, latency in enumerate(latencies)
+    )
+    for end, started, latency in exchanges:
+        algorithm.update(end, started, latency, False, limit)
+    return exchanges[-1][0]
+
+
+def raised_to_24() -> tuple[Gradient, float]:
+    """A gradient at 16 slots after its probe, grown by quiet windows to 24 (x1.5)."""
+    algorithm = Gradient(AdaptiveLimit(initial_limit=16, probe_interval=None), random.Random(3))
+    now = 0.0
+    while algorithm.applied <= 16:
+        now = window(algorithm, now, [0.1] * algorithm.applied)
+    assert algorithm.applied == 24 and algorithm.no_load == pytest.approx(0.1)
+    return algorithm, now
+
+
+def building(n: int) -> list[float]:
+    """The queue a raise builds, in order of start (1 ms apart): those that started first
+    found none, the last ``n // 2 - 2`` wait 40% longer; the median (0.1 s) reads none."""
+    slow = n // 2 - 2
+    return [0.1] * (n - slow) + [0.14] * slow
+
+
+def test_the_first_window_after_a_raise_is_judged_by_its_later_starts() -> None:
+    """Under open-loop load the queue a raise makes builds over the window (at the rate
+    the arrivals exceed the capacity), so the exchanges that started first in the first
+    window at the new limit find little of it: its median under-reads the queue (the lab's
+    model: a window at 12 slots for 4 workers read 1.07x, its later half 1.57x).  That
+    window is judged by the exchanges that started after its median start: the limit is
+    cut, not grown again."""
+    algorithm, now = raised_to_24()
+    window(algorithm, now, building(24), spacing=0.001)
+    assert algorithm.applied < 24  # cut; judged by its median, it grew to 36
+
+
+def test_exchanges_that_started_together_are_judged_by_their_median() -> None:
+    """By start, not by end: exchanges that started together end in the order of their
+    own latencies, and the last half to end are the slowest, queue or none.  A first window
+    after a raise whose exchanges all started at once, spread over +-40% with no queue, is
+    judged by its median and does not cut."""
+    algorithm, now = raised_to_24()
+    window(algorithm, now, [0.06 + 0.08 * i / 23 for i in range(24)])
+    assert algorithm.applied >= 24
+
+
+def test_a_window_after_a_cut_is_judged_by_its_median() -> None:
+    """Only the first window after a raise: after a cut, the same shape of latencies (a
+    tail of slow exchanges, a stall of our own as often as a queue) is judged by the
+    window's median, and does not cut again."""
+    algorithm, now = raised_to_24()
+    now = window(algorithm, now, building(24), spacing=0.001)
+    cut = algorithm.applied
+    assert cut < 24
+    window(algorithm, now, building(cut), spacing=0.001)
+    assert algorithm.applied == cut
+
+
+def test_the_window_after_a_probe_is_judged_by_its_median() -> None:
+    """A probe's end restores the limit from a quarter (or ``min_limit``) at once: a burst
+    of exchanges, on new connections, whose last can end late for reasons of our own.
+    Its first window is judged by its median, as a window at a limit that held."""
+    algorithm = Gradient(AdaptiveLimit(initial_limit=16, probe_interval=None), random.Random(3))
+    now = 0.0
+    while algorithm.no_load is None:  # the first probe, at one slot
+        now = window(algorithm, now, [0.1] * algorithm.applied)
+    assert algorithm.applied == 16
+    window(algorithm, now, building(16), spacing=0.001)
+    assert algorithm.applied >= 16

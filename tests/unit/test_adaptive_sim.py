@@ -64,22 +64,25 @@ def test_goodput_stays_near_the_best_static_limit(
 def test_the_climb_after_the_capacity_rose_is_quick(
     verdicts: list[list[dict[str, Any]]],
 ) -> None:
-    """Phase 3 (4 -> 24 workers): in band after 1.9 s on average over the seeds, and over
-    the whole phase, the climb included, at least 88% of the best static limit's goodput
+    """Phase 3 (4 -> 24 workers): in band after 2.2 s on average over the seeds, and over
+    the whole phase, the climb included, at least 85% of the best static limit's goodput
     on average (78% in each: the climb starts at the next successful headroom test, and
     when that comes follows from the whole run before it, so any change anywhere moves it:
-    over seeds 1-30 the least is 0.85 quiet and 0.79 loaded, the means 0.904 and 0.893;
-    0.85 and 0.83, 0.904 and 0.895 before the gradient measured the latency's spread, whose
-    stalls-widened estimate under load sometimes turns the tests off).  The previous
-    release, over seeds 1-3 (quiet, loaded): in band after 2.18 and 2.07 s, 0.879 and 0.868
-    of the goodput (one slot a window near the last queue, growth by 1.3 only on quiet
-    windows, ``no_load`` biased low)."""
+    over seeds 1-30, quiet and loaded, in band after 1.67 and 1.78 s on average, the
+    goodput 0.888 and 0.874, at least 0.79 and 0.73; seeds 1-3 loaded 2.10 s and 0.853,
+    one informative test failed under our own stalls 1.3 s into the phase).  Judging the
+    first window after a raise by its later starts cost this (over seeds 1-30 before it:
+    0.904 and 0.893, at least 0.85 and 0.79; in band after 1.9 s on seeds 1-3) for the
+    p99 of phases 1 and 3 (the runs of seeds 1-80 that meet all of their targets: 26 and 6,
+    16 and 2 before).  The previous release, over seeds 1-3 (quiet, loaded): in band after
+    2.18 and 2.07 s, 0.879 and 0.868 of the goodput (one slot a window near the last
+    queue, growth by 1.3 only on quiet windows, ``no_load`` biased low)."""
     runs = [run[2] for run in verdicts]
     for v in runs:
         assert v["first_in_band_s"] is not None, v
         assert v["goodput_share"] >= 0.78, v
-    assert statistics.mean(v["first_in_band_s"] for v in runs) < 1.9, runs
-    assert statistics.mean(v["goodput_share"] for v in runs) >= 0.88, runs
+    assert statistics.mean(v["first_in_band_s"] for v in runs) < 2.2, runs
+    assert statistics.mean(v["goodput_share"] for v in runs) >= 0.85, runs
 
 
 def test_at_a_small_capacity_the_limit_rarely_queues_a_slot(
