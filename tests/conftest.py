@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import Policy, RequestTimeout
+from tests.flavours import Transport, client_for
 from tests.servers import HypercornServer, TestApp
 
 pytest_plugins = ("tests.servers.proxy_fixtures",)
@@ -140,6 +141,27 @@ class HungResolver:
             self.release.wait(10)  # the test's end releases it; 10 s only ends a failing run
         finally:
             self.answered.set()
+
+    async def cut(
+        self, transport: Transport, timeout: httpx.Timeout, expected: type[Exception], url: str
+    ) -> tuple[BaseException | None, bool]:
+        """GET ``url`` through ``transport`` with the client ``timeout``, expecting
+        ``expected`` (``lookup_deadline``'s, whose policy ``transport`` has): the connect's
+        error (a ``RequestTimeout``'s cause), and whether the deadline cut the lookup while
+        it hung; the resolver is released after."""
+        try:
+            async with client_for(transport, timeout=timeout) as client:
+                with pytest.raises(expected) as info:
+                    await client.get(url)
+                hung = self.entered.is_set() and not self.answered.is_set()
+        finally:
+            self.release.set()
+        return (info.value.__cause__ if expected is RequestTimeout else info.value), hung
+
+    async def ended(self) -> None:
+        """The abandoned lookup ends once the resolver answered, and its thread with it."""
+        await until(self.answered.is_set)
+        await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))
 
 
 def lookup_deadline(bound: str) -> tuple[httpx.Timeout, Policy | None, type[Exception]]:

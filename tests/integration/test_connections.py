@@ -4,7 +4,6 @@ the server's keep-alive hint, stale keep-alive retry, connection waits, close.""
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -18,7 +17,7 @@ from httpx_bulkhead import (
     RequestTimeout,
     TransportClosed,
 )
-from tests.conftest import RESOLVER_THREAD, SLOW_NAME, HungResolver, lookup_deadline, until
+from tests.conftest import SLOW_NAME, HungResolver, lookup_deadline, until
 from tests.flavours import Flavour, client_for, make_transport
 from tests.servers import (
     HypercornServer,
@@ -511,19 +510,11 @@ async def test_a_slow_name_lookup_is_cut_by_the_connect_deadline(
     timeout, policy, expected = lookup_deadline(bound)
     origin = f"http://{SLOW_NAME}:{server.port}"
     transport = make_transport(flavour, default=policy)
-    try:
-        async with client_for(transport, timeout=timeout) as client:
-            with pytest.raises(expected) as info:
-                await client.get(f"{origin}/")
-            cut_while_hung = resolver.entered.is_set() and not resolver.answered.is_set()
-    finally:
-        resolver.release.set()
-    error = info.value if bound == "connect_timeout" else info.value.__cause__
+    error, cut_while_hung = await resolver.cut(transport, timeout, expected, f"{origin}/")
     assert isinstance(error, httpx.ConnectTimeout), repr(error)
     lookup = f" resolving {SLOW_NAME}" if flavour == "sync" else ""
     assert str(error) == f"connect timed out{lookup}"
     assert cut_while_hung  # after the error's check, which says what the deadline cut instead
     stats = transport.statistics()[origin]
     assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
-    await until(resolver.answered.is_set)  # the abandoned lookup ends once the resolver answers
-    await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))
+    await resolver.ended()

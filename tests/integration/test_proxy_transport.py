@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable
 
@@ -20,7 +19,6 @@ import pytest
 
 from httpx_bulkhead import Policy, RequestTimeout
 from tests.conftest import (
-    RESOLVER_THREAD,
     SLOW_NAME,
     UNKNOWN_NAME,
     HungResolver,
@@ -268,21 +266,14 @@ async def test_a_slow_socks5_name_lookup_is_cut_by_the_connect_deadline(
     with ProxyEgress() as socks:
         proxy = f"socks5://127.0.0.1:{socks.port}"
         transport = make_transport(flavour, proxy=proxy, default=policy)
-        try:
-            async with client_for(transport, timeout=timeout) as client:
-                with pytest.raises(expected) as info:
-                    await client.get(f"http://{SLOW_NAME}:{target.port}/")
-                cut_while_hung = resolver.entered.is_set() and not resolver.answered.is_set()
-        finally:
-            resolver.release.set()
-        error = info.value if bound == "connect_timeout" else info.value.__cause__
+        url = f"http://{SLOW_NAME}:{target.port}/"
+        error, cut_while_hung = await resolver.cut(transport, timeout, expected, url)
         assert isinstance(error, httpx.ConnectTimeout), repr(error)
         assert str(error) == f"connect timed out resolving {SLOW_NAME} (through proxy {proxy})"
         assert cut_while_hung  # after the error's check, which says what the deadline cut instead
         stats = transport.statistics()[f"http://{SLOW_NAME}:{target.port}"]
         assert (stats.connections, stats.running, stats.failed) == (0, 0, 1)
-        await until(resolver.answered.is_set)  # the abandoned lookup ends once the resolver answers
-        await until(lambda: all(t.name != RESOLVER_THREAD for t in threading.enumerate()))
+        await resolver.ended()
         assert socks.ledger.targets() == {} and socks.ledger.refused == []  # nothing asked
 
 

@@ -680,6 +680,15 @@ def keepalive_ok(body: bytes = b"ok", headers: Iterable[tuple[str, str]] = ()) -
     return handler
 
 
+def _first_request_on_0(conn: RawConn) -> bool:
+    """Whether ``conn`` is connection #0 and its first request was read; any other
+    connection is served ``fresh`` here, every request."""
+    if conn.index != 0:
+        keepalive_ok(b"fresh")(conn)
+        return False
+    return conn.read_request() is not None
+
+
 def first_answer_then_ok(answer: Handler) -> Handler:
     """Connection #0 has its first request answered by ``answer(conn)`` (which may read
     more), then each later request on it ``second-on-0``; other connections answer every
@@ -687,10 +696,7 @@ def first_answer_then_ok(answer: Handler) -> Handler:
     left on it."""
 
     def handler(conn: RawConn) -> None:
-        if conn.index != 0:
-            keepalive_ok(b"fresh")(conn)
-            return
-        if conn.read_request() is None:
+        if not _first_request_on_0(conn):
             return
         answer(conn)
         while conn.read_request() is not None:
@@ -758,10 +764,7 @@ def extra_response_while_idle(
     reused the connection reads ``smuggled``).  Other connections answer ``fresh``."""
 
     def handler(conn: RawConn) -> None:
-        if conn.index != 0:
-            keepalive_ok(b"fresh")(conn)
-            return
-        if conn.read_request() is None:
+        if not _first_request_on_0(conn):
             return
         conn.send_response(200, b"ok")
         wire = conn.seal(response_bytes(200, smuggled))
