@@ -22,6 +22,7 @@ from httpx_bulkhead._adaptive import (
     TEST_AIM,
     TEST_BELOW,
     TEST_GAP,
+    TEST_VERDICT,
     AdaptiveController,
     Gradient,
 )
@@ -242,6 +243,49 @@ def test_open_test_declines_when_nothing_is_pending_or_the_slot_freed_early() ->
     # Not every slot in use at the instant (the traffic fell): no test either.
     assert not algorithm.open_test(open_at, 3)
     assert algorithm.applied == 4 and algorithm.open_at is None
+
+
+class Draws(random.Random):
+    """``uniform`` returns ``first`` once, then draws as usual."""
+
+    def __init__(self, first: float, seed: int) -> None:
+        super().__init__(seed)
+        self.first: float | None = first
+
+    def uniform(self, a: float, b: float) -> float:
+        if self.first is not None:
+            value, self.first = self.first, None
+            return value
+        return super().uniform(a, b)
+
+
+def test_a_wait_the_dependencys_spread_cut_short_still_fails_the_test() -> None:
+    """4 workers, none free: the test's request waits for the first exchange in flight to
+    end, predicted ``TEST_AIM * no_load`` after the slot opens.  That exchange ends 18 ms
+    early (its own spread), so the request waits 15 ms and is served quickly (0.95x): at
+    0.113 s it is under ``no_load`` plus half the wait predicted, and was taken for a free
+    worker; judged by the wait measured, at the end that closed the slot, it fails."""
+    rotation = settled_at(4, seed=1)
+    algorithm = rotation.algorithm
+    step_until(rotation, lambda: algorithm.open_at is not None)
+    open_at, no_load = algorithm.open_at, algorithm.no_load
+    assert open_at is not None and no_load is not None
+    assert open_at < rotation.ends[0][0]  # (nothing ends before the instant named)
+    rotation.now = open_at
+    assert algorithm.open_test(open_at, 4)
+    due = algorithm._test_due
+    first_end, seq, start = heapq.heappop(rotation.ends)
+    assert first_end == pytest.approx(due, abs=0.012)  # the one the prediction named
+    heapq.heappush(rotation.ends, (due - 0.018, seq, start))
+    rotation.rng = Draws(0.95, seed=1)  # the test's request, when a worker takes it
+    algorithm._gap, algorithm._skip, algorithm._wins = 1, 0, 0
+    rotation.run(open_at)  # the client takes the slot at once: it waits for a worker
+    assert rotation.running == 5
+    step_until(rotation, lambda: any(begun == open_at for begun, _, _ in rotation.done))
+    latency = next(lat for begun, lat, _ in rotation.done if begun == open_at)
+    predicted = due - open_at
+    assert latency < no_load + TEST_VERDICT * predicted  # a success, judged as predicted
+    assert algorithm._wins == 0 and algorithm._gap == min(TEST_GAP, 2)  # a failure
 
 
 def test_a_test_whose_request_waited_fails_and_the_next_waits_longer() -> None:
