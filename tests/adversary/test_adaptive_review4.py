@@ -12,9 +12,8 @@ time, each exchange served in ``SERVICE`` x U[0.9, 1.1], a client that always ha
 ready) drives the algorithm; ``Draws`` fixes the draw of one exchange's service time.
 
 The model (``benchmarks/adaptive_sim.py``, seeds 1-160, quiet/loaded) reproduces the commit's
-figures: runs meeting every target of phases 1 and 3 120/34; phase 3's goodput 0.913/0.894,
-its p99 above 1.5x in 0/33 runs; phase 2's p99 from 5 s in 1.42x/1.49x, above 1.5x in 5/33;
-phase 1's p99 above 1.5x in 7/76.
+figures: 120/34 runs meet phases 1 and 3's targets; phase 3's goodput 0.913/0.894, p99 above
+1.5x in 0/33; phase 2's p99 from 5 s in 1.42x/1.49x (above 1.5x in 5/33), phase 1's in 7/76.
 """
 
 from __future__ import annotations
@@ -117,7 +116,6 @@ def test_a_request_that_found_a_worker_free_is_not_failed_by_its_own_spread() ->
     rotation, open_at, _, no_load = opened(capacity)
     capacity[0] = 64
     end_first_at(rotation, open_at + 0.152 * no_load)
-    # (informative: 0.152 >= TEST_INFORMATIVE)
     served = 1.095  # (of SERVICE, within the spread)
     assert served * SERVICE > no_load * (1 + TEST_VERDICT * 0.152)
     rotation.rng = Draws(served, seed=1)
@@ -198,6 +196,40 @@ def test_a_climb_from_4_slots_to_64_workers_is_in_band_within_5_s() -> None:
     while rotation.algorithm.base < 48 and rotation.now < 5.0:
         rotation.run(rotation.now + 0.01)
     assert rotation.algorithm.base >= 48
+
+
+class Lulls(Rotation):
+    """A client with a request always ready for 2 s, then for 1 s only 3 at a time."""
+
+    def _admit(self) -> None:
+        applied = self.algorithm.applied
+        ready = applied if self.now % 3.0 < 2.0 else min(3, applied)
+        while self.running < ready:
+            self.running += 1
+            self.admitted_under[self.now] = applied
+            self.queue.append(self.now)
+        self._serve()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="traffic that lulls: with every slot not in use no test is armed, and after "
+    "TEST_GAP + 2 windows without a verdict (now 4, was 6) a quiet window grows the limit "
+    "by a slot untested; when the traffic comes back it queues.  Before the commit too "
+    "(here 1.67x; seeds 1-10: 1.66x, 38 responses a minute above 1.5x), worse now (1.83x; "
+    "1.74x, 55); the fallback after 6 windows whatever TEST_GAP: 1.44x, 12",
+)
+def test_traffic_that_lulls_at_a_capacity_of_4_keeps_the_p99_under_1_5x() -> None:
+    """4 workers, a client that lulls (``Lulls``), seeds 1-3 for a minute: the p99 from
+    5 s on, pooled, within the issue's 1.5x of the service time."""
+    latencies: list[float] = []
+    for seed in (1, 2, 3):
+        spec = AdaptiveLimit(initial_limit=4, probe_interval=None)
+        rotation = Lulls(spec, lambda now: 4, seed)
+        rotation.run(60.0)
+        latencies += rotation.latencies(since=5.0)
+    latencies.sort()
+    assert latencies[int(0.99 * len(latencies))] <= 1.5 * SERVICE
 
 
 # --- what holds ---------------------------------------------------------------------
