@@ -181,7 +181,7 @@ a slot or two).  A failure doubles the windows before the next test, up to ``TES
 (2), so that at a capacity that did not move, tests are a few percent of the requests,
 each about 1.3x the service time.  An end before the instant named (the rotation was not
 as predicted) or a slot nobody took cancels the test; twice in a row, or no verdict for
-``TEST_GAP + 2`` windows, means the traffic gives tests no chance (a batch of requests at
+``TEST_FALLBACK`` (6) windows, means the traffic gives tests no chance (a batch of requests at
 a time, a client that waits for all of them), and a quiet window grows the limit by one
 slot as above.  In the model
 (seeds 1-12, quiet and loaded), phase 2's p99 from 5 s in is now 1.43x and 1.43x on
@@ -349,13 +349,19 @@ TEST_MIN_WAIT = 0.2
 #: A test succeeds when each of its exchanges took at most ``no_load`` and this share of
 #: the wait it would have had with no worker free.
 TEST_VERDICT = 0.5
-#: A test whose last request would have waited less than this share of ``no_load`` tells
-#: nothing (the dependency's own spread hides it).
+#: A test that succeeded, its last request having been due to wait less than this share of
+#: ``no_load``, tells nothing (the dependency's own spread hides it) ...
 TEST_INFORMATIVE = 0.15
+#: ... and a test that failed, less than this: half of it, the allowance, must exceed the
+#: dependency's own spread (+-10% in the lab), or a request served at once fails.
+TEST_FAIL_INFORMATIVE = 0.22
 #: Growth after two tests in a row found a slot free.
 TEST_GROWTH = 2.0
 #: Windows between two tests: doubled after each failed one up to this, 1 after a success.
 TEST_GAP = 2
+#: Windows with no verdict (the traffic gives tests no chance) before a quiet window grows
+#: the limit by one slot without one.
+TEST_FALLBACK = 6
 #: A test whose exchanges have not all ended after this many ``no_load`` is forgotten.
 TEST_EXPIRY = 4.0
 #: The latency's spread is measured over this many of the last samples (see ``_margin``).
@@ -783,7 +789,7 @@ class Gradient:
         # takes a slot opened between two batches): no verdict for long, or twice in a row
         # nobody took the test's slot.
         if before <= TEST_BELOW and self._timed and not self._wide:
-            if self._untested > TEST_GAP + 1 or self._misses >= 2:
+            if self._untested >= TEST_FALLBACK or self._misses >= 2:
                 self.limit = before + 1.0
         # Into ``beyond`` only on a window that used the limit: in a lull the limit would
         # drift there unproven, and then grow fast.
@@ -921,8 +927,9 @@ class Gradient:
     def _judge(self, now: float, no_load: float, due_at: float) -> None:
         """All the exchanges of a test ended (``due_at``: when a worker came free for them
         at the latest, see ``_headroom``): grow, or not."""
-        informative = due_at - self._test_latest >= TEST_INFORMATIVE * no_load
         failed = self._test_failed
+        waited = due_at - self._test_latest
+        informative = waited >= (TEST_FAIL_INFORMATIVE if failed else TEST_INFORMATIVE) * no_load
         self._end_test()
         self._misses = 0
         if failed or informative:
@@ -930,7 +937,9 @@ class Gradient:
         if failed:
             if informative:  # (a failure too small to tell is our noise as often as not)
                 self._wins = 0
-                self._fail_base = self.base
+                # (the highest: a failure at a base a noisy cut lowered, our own noise as
+                # often as not, must not lift the cap that a failure above it set)
+                self._fail_base = max(self._fail_base, self.base)
             self._gap = min(TEST_GAP, self._gap * 2)
             self._skip = self._gap - 1
         elif informative:  # a slot more was free
