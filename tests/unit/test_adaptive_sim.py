@@ -79,7 +79,7 @@ def test_the_climb_after_the_capacity_rose_is_quick(
     queue, growth by 1.3 only on quiet windows, ``no_load`` biased low).  Since the headroom
     tests are judged by the wait measured and come twice as often, and windows grow by 1.35
     (``_adaptive.py``): seeds 1-3 in band after 1.37 and 1.27 s, 0.917 and 0.900 of the
-    goodput; over seeds 1-80, 1.36 and 1.55 s, 0.912 and 0.894, at least 0.79 and 0.77 (the
+    goodput; over seeds 1-80, 1.36 and 1.53 s, 0.913 and 0.895, at least 0.79 and 0.77 (the
     bounds were 2.2 s, 0.85 and 0.78)."""
     runs = [run[2] for run in verdicts]
     for v in runs:
@@ -104,10 +104,10 @@ def test_at_a_small_capacity_the_limit_rarely_queues_a_slot(
     1.44x, 1 and 3, before: our own stalls widen the measured spread now and then past
     ``TEST_SPREAD``, and the tests stop for a while).  Since the tests are judged by the
     wait measured and come twice as often (phase 3's climb starts sooner), over seeds
-    1-160: 1.42x and 1.49x on average, within 1.5x in 155 and 127 runs, within 1.55x in 156
-    and 142 (before: 1.39x and 1.46x; 155 and 136; 155 and 142).  The bound was 1.45x on
-    average and 1.5x in four runs in five, which loaded seeds 1-3 now miss (1.51x, 1.51x,
-    1.38x)."""
+    1-160: 1.415x and 1.49x on average, within 1.5x in 157 and 126 runs, within 1.55x in
+    157 and 142 (before: 1.39x and 1.46x; 155 and 136; 155 and 142).  The bound was 1.45x
+    on average and 1.5x in four runs in five: loosened for that price (the loaded noise
+    within 1.5x in 79% of the runs, 85% before; loaded seeds 1-3 1.51x, 1.51x, 1.38x)."""
     runs = [run[1] for run in verdicts]
     assert statistics.mean(v["p99_after_5s_x"] for v in runs) <= 1.5, runs
     assert sum(v["p99_after_5s_x"] <= 1.55 for v in runs) >= 0.8 * len(runs), runs
