@@ -43,25 +43,8 @@ class Stalled(Rotation):
 
     stall = (math.inf, math.inf)
 
-    def run(self, until: float) -> None:
-        self._admit()
-        while self.now < until:
-            opening = self._next_opening()
-            if opening is not None and opening <= self.ends[0][0]:
-                self.now = max(self.now, opening)
-                self._open()
-                self._admit()
-                continue
-            end, _, start = heapq.heappop(self.ends)
-            self.now = end
-            self.busy -= 1
-            self._serve()  # the dependency's side, at the end
-            if self.stall[0] <= end < self.stall[1]:
-                self.now = self.stall[1]  # ours, when the stall is over
-            self.algorithm.update(self.now, start, self.now - start, False, self.running)
-            self.done.append((start, self.now - start, self.admitted_under.pop(start, 0)))
-            self.running -= 1
-            self._admit()
+    def seen_at(self, end: float) -> float:
+        return self.stall[1] if self.stall[0] <= end < self.stall[1] else end
 
 
 def opened(capacity: list[int], seed: int = 1) -> tuple[Stalled, float, float, float]:

@@ -134,15 +134,20 @@ class Rotation:
             end, _, start = heapq.heappop(self.ends)
             self.now = end
             self.busy -= 1
-            latency = end - start
+            self._serve()  # the dependency's side, at the end
+            self.now = self.seen_at(end)  # ours
+            latency = self.now - start
             if self.controller is not None:
                 self.controller.ended(start, latency, 200, None)
             else:
-                self.algorithm.update(end, start, latency, False, self.running)
+                self.algorithm.update(self.now, start, latency, False, self.running)
             self.done.append((start, latency, self.admitted_under.pop(start, 0)))
             self.running -= 1
-            self._serve()
             self._admit()
+
+    def seen_at(self, end: float) -> float:
+        """When our side sees an exchange that ended at ``end`` (at once here)."""
+        return end
 
     def latencies(self, since: float) -> list[float]:
         return sorted(latency for start, latency, _ in self.done if start >= since)
