@@ -42,12 +42,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import multiprocessing
 import random
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,40 @@ SHED_CONTESTANT: tuple[str, AdaptiveLimit] = (
 )
 
 
+#: (time, previous limit, limit, reason, detail): one change of an adaptive limit.
+Decision = tuple[float, int, int, str, str]
+
+
+class Decisions(logging.Handler):
+    """Keeps the changes of an adaptive limit that ``httpx_bulkhead.adaptive`` logs at DEBUG
+    (the algorithm's reason for each), timed by ``clock``, for the compartment ``only`` if
+    given; ``attach`` turns that logger on for them alone (not propagated)."""
+
+    def __init__(self, clock: Callable[[], float], only: str | None = None) -> None:
+        super().__init__(logging.DEBUG)
+        self.clock, self.only = clock, only
+        self.seen: list[Decision] = []
+        self._before = logging.NOTSET, True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.only is None or getattr(record, "compartment", None) == self.only:
+            d = record.__dict__
+            self.seen.append((self.clock(), d["previous"], d["limit"], d["reason"], d["detail"]))
+
+    def attach(self) -> None:
+        logger = logging.getLogger("httpx_bulkhead.adaptive")
+        self._before = logger.level, logger.propagate
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        logger.addHandler(self)
+
+    def detach(self) -> None:
+        """As before ``attach``."""
+        logger = logging.getLogger("httpx_bulkhead.adaptive")
+        logger.removeHandler(self)
+        logger.level, logger.propagate = self._before
+
+
 @dataclass
 class Contestant:
     name: str
@@ -78,6 +113,8 @@ class Contestant:
     calls: list[tuple[float, float, str]] = field(default_factory=list)
     #: (time, limit) samples from statistics().
     limits: list[tuple[float, int]] = field(default_factory=list)
+    #: (time, previous, limit, reason, detail) per change of an adaptive limit.
+    decisions: list[Decision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.transport = BulkheadTransport(
@@ -179,12 +216,15 @@ async def drive(who: Contestant, arrivals: list[float], t0: float, total: float)
 
 def contestant_process(
     name: str, limit: int | AdaptiveLimit, port: int, arrivals: list[float], t0: float, total: float
-) -> tuple[list[tuple[float, float, str]], list[tuple[float, int]]]:
+) -> tuple[list[tuple[float, float, str]], list[tuple[float, int]], list[Decision]]:
     """One contestant in a process of its own (its own event loop and core share); ``t0``
     is a ``time.monotonic()`` instant, the same in every process (one system clock)."""
     who = Contestant(name, limit, port)
+    decisions = Decisions(lambda: time.monotonic() - t0)
+    if isinstance(limit, AdaptiveLimit):
+        decisions.attach()  # (only the limit's changes: a few a second, not per request)
     asyncio.run(drive(who, arrivals, t0, total))
-    return who.calls, who.limits
+    return who.calls, who.limits, decisions.seen
 
 
 def warm() -> None:
@@ -233,9 +273,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             pool.shutdown()
         server.close()
     contestants = []
-    for (name, limit), port, (calls, limits) in zip(entries, server.ports, results, strict=True):
+    for (name, limit), port, (calls, limits, decisions) in zip(
+        entries, server.ports, results, strict=True
+    ):
         who = Contestant(name, limit, port)
-        who.calls, who.limits = calls, limits
+        who.calls, who.limits, who.decisions = calls, limits, decisions
         contestants.append(who)
     return report(contestants, phases, args)
 
@@ -282,6 +324,7 @@ class Trace(Protocol):
     name: str
     calls: list[tuple[float, float, str]]
     limits: list[tuple[float, int]]
+    decisions: list[Decision]
 
 
 def report(
@@ -341,6 +384,7 @@ def report(
         "phases": [n for _, n in phases],
         "rows": rows,
         "limits": {who.name: who.limits for who in contestants},
+        "decisions": {who.name: who.decisions for who in contestants if who.decisions},
     }
 
 
@@ -437,6 +481,26 @@ def shed_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def decision_lines(result: dict[str, Any]) -> list[str]:
+    """Per phase and adaptive contestant, its limit's changes counted by the algorithm's
+    reason (``result["decisions"]``; ``_adaptive.REASONS``)."""
+    lines = []
+    seconds = result["phase_seconds"]
+    for name, decisions in result.get("decisions", {}).items():
+        for phase, n in enumerate(result["phases"], 1):
+            start, end = (phase - 1) * seconds, phase * seconds
+            counts: dict[str, int] = {}
+            for at, _, _, reason, _ in decisions:
+                if start <= at < end:
+                    counts[reason] = counts.get(reason, 0) + 1
+            words = ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
+            lines.append(
+                f"phase {phase} (N={n}): {name}'s limit changed {sum(counts.values())} times"
+                f" ({words or 'none'})"
+            )
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     shed = result.get("shed")
     sigma = result.get("sigma")
@@ -474,6 +538,10 @@ def markdown(result: dict[str, Any]) -> str:
     shedding = shed_lines(result)
     if shedding:
         out += ["", *(f"- {line}" for line in shedding)]
+    decided = decision_lines(result)
+    if decided:
+        out += ["", "Why the limit moved (`decisions` in the JSON: each change, timed, in words):"]
+        out += ["", *(f"- {line}" for line in decided)]
     return "\n".join(out) + "\n"
 
 

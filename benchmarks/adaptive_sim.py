@@ -60,6 +60,8 @@ from benchmarks.adaptive_lab import (
     PHASES,
     SAMPLE_EVERY,
     SHED_CONTESTANT,
+    Decision,
+    Decisions,
     markdown,
     report,
     targets,
@@ -118,6 +120,8 @@ class Run:
     limits: list[tuple[float, int]] = field(default_factory=list)
     #: (arrival, end, limit in force when it was admitted) per response.
     admitted: list[tuple[float, float, int]] = field(default_factory=list)
+    #: (time, previous, limit, reason, detail) per change of an adaptive limit.
+    decisions: list[Decision] = field(default_factory=list)
 
 
 class Timer:
@@ -214,10 +218,19 @@ def simulate(
         return timer
 
     controller: AdaptiveController | None = None
+    decisions = Decisions(lambda: now, only=who.name)
     if isinstance(who.limit, AdaptiveLimit):
         controller = AdaptiveController(
-            who.limit, limiter.set_limit, lambda: limiter.running, lambda: now, rng, call_later
+            who.limit,
+            limiter.set_limit,
+            lambda: limiter.running,
+            lambda: now,
+            rng,
+            call_later,
+            who.name,
         )
+        decisions.seen = who.decisions
+        decisions.attach()
 
     capacity = phases[0][1]
     busy = 0
@@ -237,50 +250,53 @@ def simulate(
     for at in arrivals:
         push(ours(at), _ARRIVAL)
     next_sample = 0.0
-    while events:
-        at, kind, _, payload = heapq.heappop(events)
-        while next_sample <= at and next_sample < total:
-            who.limits.append((next_sample, limiter.limit))
-            next_sample += SAMPLE_EVERY
-        now = at
-        if kind == _ARRIVAL:
-            if limiter.try_acquire():
-                # [arrival, sent, head seen, limit, status]
-                push(now + noise.network, _AT_SERVER, [now, now, 0.0, limiter.limit, 200])
-            else:
-                who.calls.append((now, now, "rejected"))
-        elif kind == _AT_SERVER:
-            if shed is not None and busy >= capacity and len(queue) >= shed:
-                payload[4] = 503
-                push(now, _DONE, payload)
-            else:
-                queue.append(payload)
+    try:
+        while events:
+            at, kind, _, payload = heapq.heappop(events)
+            while next_sample <= at and next_sample < total:
+                who.limits.append((next_sample, limiter.limit))
+                next_sample += SAMPLE_EVERY
+            now = at
+            if kind == _ARRIVAL:
+                if limiter.try_acquire():
+                    # [arrival, sent, head seen, limit, status]
+                    push(now + noise.network, _AT_SERVER, [now, now, 0.0, limiter.limit, 200])
+                else:
+                    who.calls.append((now, now, "rejected"))
+            elif kind == _AT_SERVER:
+                if shed is not None and busy >= capacity and len(queue) >= shed:
+                    payload[4] = 503
+                    push(now, _DONE, payload)
+                else:
+                    queue.append(payload)
+                    pump()
+            elif kind == _DONE:
+                if payload[4] == 200:
+                    busy -= 1
+                    pump()
+                lag = noise.lag if now >= noise.lag_from else 0.0
+                push(ours(now + noise.network + lag), _HEAD, payload)
+            elif kind == _HEAD:
+                payload[2] = now
+                push(ours(now), _END, payload)
+            elif kind == _END:
+                arrival, sent, head, limit, status = payload
+                if controller is not None:
+                    controller.ended(sent, head - sent, status, None)
+                limiter.release()
+                if status == 200:
+                    who.calls.append((arrival, now, "ok"))
+                    who.admitted.append((arrival, now, limit))
+                else:
+                    who.calls.append((arrival, now, f"status {status}"))
+            elif kind == _TIMER:
+                if not payload.cancelled:
+                    payload.callback()
+            else:  # _PHASE
+                capacity = payload
                 pump()
-        elif kind == _DONE:
-            if payload[4] == 200:
-                busy -= 1
-                pump()
-            lag = noise.lag if now >= noise.lag_from else 0.0
-            push(ours(now + noise.network + lag), _HEAD, payload)
-        elif kind == _HEAD:
-            payload[2] = now
-            push(ours(now), _END, payload)
-        elif kind == _END:
-            arrival, sent, head, limit, status = payload
-            if controller is not None:
-                controller.ended(sent, head - sent, status, None)
-            limiter.release()
-            if status == 200:
-                who.calls.append((arrival, now, "ok"))
-                who.admitted.append((arrival, now, limit))
-            else:
-                who.calls.append((arrival, now, f"status {status}"))
-        elif kind == _TIMER:
-            if not payload.cancelled:
-                payload.callback()
-        else:  # _PHASE
-            capacity = payload
-            pump()
+    finally:
+        decisions.detach()
     return who
 
 

@@ -281,6 +281,17 @@ int (the float state rounded down, and one slot more while a headroom test is op
 O(window) memory; the controller holds at most one timer (cancelled at the next sample and
 by ``close``) and records each change of the limit (without a test's slot) in a bounded
 history (``HISTORY`` entries).
+
+*Why the limit moved.*  Whatever changes the limit also sets the algorithm's ``reason``: a
+code of ``REASONS`` and the same in words with the figure that decided it (a cut's window
+median against ``no_load``; the no-load latency a probe measured).  ``probe``: a probe
+began (the first, a periodic one, a fall to half the peak, windows at ``min_limit``);
+``probed``: it ended, the limit restored; ``queue``: a window over the tolerance cut it;
+``growth``: a window without a queue (AIMD: an exchange without a drop) grew it;
+``headroom``: two headroom tests doubled it; ``drop``: drops multiplied it by ``backoff``
+(this one wins when a window also cut or grew).  The controller logs each change of the
+base limit with it, at DEBUG on ``httpx_bulkhead.adaptive`` (``_log.log_limit``): the one
+account of a decision that the history's numbers cannot give.
 """
 
 from __future__ import annotations
@@ -294,6 +305,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import httpx
+
+from ._log import log_limit
 
 __all__ = [
     "AIMD",
@@ -416,6 +429,8 @@ MAX_TOLERANCE = 3.0
 TEST_SPREAD = 0.2
 #: Changes of the applied limit kept for ``statistics().limit_history``.
 HISTORY = 256
+#: The codes of ``reason``: why the limit last changed (see the module docstring).
+REASONS = ("probe", "probed", "queue", "growth", "headroom", "drop")
 
 Algorithm = Literal["gradient", "aimd"]
 
@@ -581,6 +596,7 @@ class Gradient:
         "limit",
         "no_load",
         "open_at",
+        "reason",
         "spec",
     )
 
@@ -636,7 +652,9 @@ class Gradient:
         self._misses = 0  # tests in a row since the last verdict that nobody took
         self._fail_base = 0  # the base of the last informative test that failed (0: none)
         self._doubled = 0  # the limit a test's doubling set, until a window confirmed it
-        self._start_probe(-math.inf, float(spec.min_limit))  # no estimate yet
+        #: Why the limit last changed: a code (``REASONS``) and the same in words.
+        self.reason: tuple[str, str] = ("probe", "")
+        self._start_probe(-math.inf, "the first, no estimate yet", float(spec.min_limit))
 
     @property
     def base(self) -> int:
@@ -700,6 +718,9 @@ class Gradient:
             if median:  # (a clock too coarse to see a latency gives no estimate)
                 self.no_load = median
                 self._probe_n = len(samples)
+                self.reason = ("probed", f"no-load latency {median * 1000:.1f} ms")
+            else:
+                self.reason = ("probed", "no latency measured (the clock is too coarse)")
             self._schedule_probe(now)
             self._opened = now  # the probe's own samples say nothing of the limit restored
             # (a probe's end is no raise: its burst of new exchanges, on new connections,
@@ -715,7 +736,7 @@ class Gradient:
             else:  # twice in a row: halfway to the higher one (the minimum would sink)
                 self.no_load = (self.no_load + max(median, self._below)) / 2
                 self._below = None
-            judged = median
+            judged, what = median, "window median"
             if self._raised and len(samples) >= WINDOW_SAMPLES:
                 # The first window at a raised limit: the exchanges that started first
                 # found the queue the raise makes still building; those started after
@@ -724,7 +745,7 @@ class Gradient:
                 middle = _median(starts)
                 later = [x for x, start in zip(samples, starts, strict=True) if start > middle]
                 if len(later) * 4 >= len(samples):
-                    judged = _median(later)
+                    judged, what = _median(later), "median of the later starters"
             ratio = judged / self.no_load
             # At a small limit a cut is a slot at least, and only tests win it back: one
             # window over the tolerance after more than HOLD that found this limit without
@@ -746,6 +767,7 @@ class Gradient:
                 if self._over >= 2:  # twice in a row since the last cut: not noise
                     cut = min(cut, before - 1.0)
                 self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
+                self.reason = ("queue", f"{what} {ratio:.2f}x the no-load latency")
                 if self.base < before:
                     self._calm = self._over = 0
                     self._ceiling = before
@@ -759,7 +781,7 @@ class Gradient:
                 # (not used: no evidence; mostly refused: the dependency said no, whatever
                 # the few latencies of the window say)
                 if inflight * 2 >= before and refused <= len(samples):
-                    self._grow(before, ratio, used, tolerance)
+                    self._grow(before, ratio, used, tolerance, what)
                 self._untested += 1
                 if before <= TEST_BELOW and self._timed and not self._wide and self._calm > HOLD:
                     # A slot of queue is dear here: timed tests instead, fewer while they fail.
@@ -768,6 +790,7 @@ class Gradient:
                         self._armed = True
         if drops:
             self.limit *= spec.backoff
+            self.reason = ("drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
         confirmed = (  # the window found the limit it judged in use and without a queue
             median is not None
@@ -796,11 +819,18 @@ class Gradient:
             # At a quarter of the limit that showed the queue (the limit before this cut),
             # and below the concurrency that queue implies.
             implied = before * self.no_load / median
-            self._start_probe(now, math.floor(min(before * PROBE_FRACTION, implied * 0.75)))
-        elif stale or self.no_load is None:
-            self._start_probe(now)
+            self._start_probe(
+                now,
+                f"the limit fell to {self.base} from its peak of {self._peak}",
+                math.floor(min(before * PROBE_FRACTION, implied * 0.75)),
+            )
+        elif self.no_load is None:
+            self._start_probe(now, "no estimate yet")
+        elif stale:
+            at_min = self._at_min >= MIN_LIMIT_WINDOWS
+            self._start_probe(now, "windows in a row at min_limit" if at_min else "periodic")
 
-    def _grow(self, before: int, ratio: float, in_use: float, tolerance: float) -> None:
+    def _grow(self, before: int, ratio: float, in_use: float, tolerance: float, what: str) -> None:
         """A window without a queue, of a limit in use (see the module docstring)."""
         self._calm += 1
         quiet = ratio < 1 + (tolerance - 1) * QUIET
@@ -809,6 +839,10 @@ class Gradient:
         if self._calm <= HOLD:
             return
         used = in_use >= IN_USE * before
+        self.reason = (
+            "growth",
+            f"{what} {ratio:.2f}x the no-load latency, {in_use / before:.0%} of the slots in use",
+        )
         if quiet and beyond and used:
             self.limit = max(self.limit * GROWTH, before + 1.0)
             return
@@ -979,6 +1013,7 @@ class Gradient:
                 self._wins = 0
                 base = self.base
                 self.limit = max(base * TEST_GROWTH, base + 1.0)
+                self.reason = ("headroom", "two headroom tests in a row found a slot free")
                 if self._fail_base > base:
                     # Below the base of the last test that failed (a cut by our own noise):
                     # back to it at most, where the tests resume.
@@ -998,7 +1033,8 @@ class Gradient:
         self._extra = 0
         self._test_closed = self.open_at = None
 
-    def _start_probe(self, now: float, limit: float | None = None) -> None:
+    def _start_probe(self, now: float, why: str, limit: float | None = None) -> None:
+        self.reason = ("probe", why)
         self._end_test()
         self._armed = False
         self._at_min = self._peak = self._steady = self._doubled = 0
@@ -1020,13 +1056,14 @@ class Gradient:
 class AIMD:
     """Additive increase, multiplicative decrease on drops (see the module docstring)."""
 
-    __slots__ = ("_cut_at", "limit", "no_load", "spec")
+    __slots__ = ("_cut_at", "limit", "no_load", "reason", "spec")
 
     def __init__(self, spec: AdaptiveLimit) -> None:
         self.spec = spec
         self.limit = float(spec.initial_limit)
         self.no_load: float | None = None  # AIMD does not estimate it
         self._cut_at = -math.inf
+        self.reason: tuple[str, str] = ("growth", "")
 
     @property
     def applied(self) -> int:
@@ -1042,8 +1079,10 @@ class AIMD:
             if started >= self._cut_at:  # one cut per round trip
                 self.limit = max(float(spec.min_limit), self.limit * spec.backoff)
                 self._cut_at = now
+                self.reason = ("drop", f"a drop, x{spec.backoff:g}")
         elif inflight * 2 >= self.applied:
             self.limit = min(float(spec.max_limit), self.limit + 1 / self.limit)
+            self.reason = ("growth", "an exchange without a drop, half the slots in use")
         return self.applied
 
 
@@ -1103,11 +1142,14 @@ class AdaptiveController:
         call_later: ``(delay, callback)``: runs ``callback`` on the loop ``delay`` seconds
             from now (``Timers.call_later``), for the gradient's headroom tests; ``None``:
             they open only at the end of an exchange.
+        name: the compartment's, for the DEBUG line on each change of the limit
+            (``_log.log_limit``: the algorithm's ``reason``).
     """
 
     __slots__ = (
         "_call_later",
         "_clock",
+        "_name",
         "_running",
         "_set_limit",
         "_timer",
@@ -1124,8 +1166,10 @@ class AdaptiveController:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         call_later: Callable[[float, Callable[[], None]], Cancellable] | None = None,
+        name: str = "",
     ) -> None:
         self.algorithm = make_algorithm(spec, rng, timed=call_later is not None)
+        self._name = name
         self.drop_statuses = spec.drop_statuses
         self._set_limit = set_limit
         self._running = running
@@ -1197,9 +1241,11 @@ class AdaptiveController:
 
     def _apply(self, now: float, limit: int) -> None:
         self._set_limit(limit)
-        base = self.algorithm.base
-        if base != self.history[-1][1]:
+        algorithm = self.algorithm
+        base, previous = algorithm.base, self.history[-1][1]
+        if base != previous:
             self.history.append((now, base))
+            log_limit(self._name, previous, base, *algorithm.reason)
 
     def rearm(self) -> None:
         """The transport moved to another event loop: a headroom test's timer armed on the

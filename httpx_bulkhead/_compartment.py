@@ -126,6 +126,7 @@ class Compartment:
                 clock,
                 rng,
                 timers.call_later,
+                name,
             )
 
     @property

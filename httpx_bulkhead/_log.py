@@ -12,6 +12,13 @@ Levels:
   advertised.
 * Nothing at INFO, nor anything at all for a request that simply succeeds.
 
+One child logger, ``httpx_bulkhead.adaptive``, says at DEBUG why an adaptive limit changed
+(``log_limit``: the limit before and after, and the algorithm's reason).  It has a logger of
+its own because it is the one frequent line that is not about a request (a few a second at
+a busy compartment, every window of a sawtooth): a person can turn on the decisions
+without every rejection (``logging.getLogger("httpx_bulkhead.adaptive").setLevel(DEBUG)``),
+and the parent's DEBUG turns on both.
+
 Every record carries ``compartment`` (empty for the transport's own line) and ``event``
 (and ``reason`` where there is one) as ``extra`` attributes, for structured handlers; the
 message says the same in words.
@@ -25,10 +32,11 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["LOGGER_NAME", "debug", "log_debug", "log_warning", "logger"]
+__all__ = ["LOGGER_NAME", "debug", "log_debug", "log_limit", "log_warning", "logger"]
 
 LOGGER_NAME = "httpx_bulkhead"
 logger = logging.getLogger(LOGGER_NAME)
+adaptive_logger = logging.getLogger(LOGGER_NAME + ".adaptive")
 
 _DEBUG = logging.DEBUG
 _enabled = logger.isEnabledFor
@@ -52,3 +60,27 @@ def log_warning(
     """A WARNING record for ``event`` in ``compartment`` (``message % args``)."""
     extra = {"compartment": compartment, "event": event, "reason": reason}
     logger.warning("compartment %r: " + message, compartment, *args, extra=extra)
+
+
+def log_limit(compartment: str, previous: int, limit: int, reason: str, detail: str) -> None:
+    """A DEBUG record on ``httpx_bulkhead.adaptive``: the adaptive limit of ``compartment``
+    went from ``previous`` to ``limit`` for ``reason`` (a code, see ``_adaptive.py``),
+    ``detail`` in words; ``previous``, ``limit`` and ``detail`` are ``extra`` attributes too."""
+    if adaptive_logger.isEnabledFor(_DEBUG):
+        extra = {
+            "compartment": compartment,
+            "event": "limit",
+            "reason": reason,
+            "previous": previous,
+            "limit": limit,
+            "detail": detail,
+        }
+        adaptive_logger.debug(
+            "compartment %r: adaptive limit %d -> %d (%s: %s)",
+            compartment,
+            previous,
+            limit,
+            reason,
+            detail,
+            extra=extra,
+        )

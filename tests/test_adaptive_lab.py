@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import shutil
 from pathlib import Path
 
 import pytest
 
 from benchmarks import adaptive_lab
+from httpx_bulkhead._adaptive import REASONS
 
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 
@@ -31,6 +33,15 @@ def test_the_lab_runs_at_a_tiny_scale(tmp_path: Path) -> None:
     assert adaptive and all(1 <= limit <= 200 for limit in adaptive)
     text = adaptive_lab.markdown(result)
     assert text.count("| adaptive |") == 3 and "phase 3 (N=24)" in text
+    # Each change of the adaptive limit, from its process's ``httpx_bulkhead.adaptive``
+    # logger: chained from the first probe's 1 slot, each with its reason.
+    decisions = result["decisions"]["adaptive"]
+    assert decisions and list(result["decisions"]) == ["adaptive"]
+    assert decisions[0][1] == 1 and decisions[0][3] == "probed"
+    for before, after in itertools.pairwise(decisions):
+        assert after[0] >= before[0] and after[1] == before[2]
+    assert all(reason in REASONS for *_, reason, _ in decisions)
+    assert "Why the limit moved" in text and "phase 1 (N=16): adaptive's limit changed" in text
     # The fall 16 -> 4 is explained with the requests counted in this run.
     blind = rows[(2, "adaptive")]["blind"]
     assert "capacity fell from 16 to 4 workers" in text and f" {blind} of the adaptive" in text

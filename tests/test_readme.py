@@ -12,6 +12,7 @@ place of the URL it names.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import ssl
@@ -140,6 +141,18 @@ def local_network(example_hosts: ExampleHosts, monkeypatch: pytest.MonkeyPatch) 
         return resolve(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+
+
+@pytest.fixture(autouse=True)
+def _library_logging_as_it_was() -> Iterator[None]:
+    """A block may turn the library's loggers on, as a reader would: undone after it."""
+    loggers = [logging.getLogger(name) for name in ("httpx_bulkhead", "httpx_bulkhead.adaptive")]
+    saved = [(logger.level, logger.propagate, list(logger.handlers)) for logger in loggers]
+    yield
+    for logger, (level, propagate, handlers) in zip(loggers, saved, strict=True):
+        logger.setLevel(level)
+        logger.propagate = propagate
+        logger.handlers[:] = handlers
 
 
 @pytest.fixture(scope="module")

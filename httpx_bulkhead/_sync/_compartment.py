@@ -117,6 +117,7 @@ class Compartment:
                 clock,
                 rng,
                 timers.call_later,
+                name,
             )
 
     @property

@@ -9,6 +9,7 @@ latency it wants the round to have, then opens the gate.  Assertions read
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 
 import anyio
@@ -230,3 +231,61 @@ async def test_the_exporters_follow_the_adaptive_limit(
         await client.get("/")
     assert static.statistics()[name].no_load_latency is None
     assert "httpx_bulkhead_no_load_latency_seconds{" not in generate_latest(registry).decode()
+
+
+async def test_each_change_of_the_limit_is_logged_and_alone_if_asked_alone(
+    server: HypercornServer,
+    app: TestApp,
+    unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``httpx_bulkhead.adaptive`` at DEBUG: one line per change of the limit, with the
+    compartment, the limits and the algorithm's reason, matching ``limit_history``; the
+    parent's per-request DEBUG lines (a rejection) stay off unless the parent is on too."""
+    caplog.set_level(logging.DEBUG, logger="httpx_bulkhead.adaptive")
+    clock = Clock()
+    spec = AdaptiveLimit(min_limit=1, max_limit=32, initial_limit=8, probe_interval=None)
+    policy = Policy(max_concurrency=spec, max_pending=0)
+    transport = BulkheadTransport(default=policy, _clock=clock)
+    name = server.url
+
+    async with httpx.AsyncClient(transport=transport, base_url=server.url, timeout=10) as client:
+
+        async def run(rounds: int, latency: Callable[[int], float]) -> None:
+            for _ in range(rounds):
+                await one_round(client, transport, name, app, unique("r"), clock, latency)
+
+        async def rejected() -> None:
+            """One request over the limit while a round holds every slot."""
+            limit = transport.statistics()[name].limit
+            gate_name = unique("full")
+            gate = app.gate(gate_name)
+            async with anyio.create_task_group() as tg:
+                for _ in range(limit):
+                    tg.start_soon(client.get, f"/gate/{gate_name}")
+                await until(lambda: gate.entered == limit)
+                with pytest.raises(BulkheadFull):
+                    await client.get("/")
+                gate.open()
+
+        await run(FIRST_PROBE_SAMPLES, dependency(0.1, 8))  # the first probe: 1 -> 8
+        await run(20, dependency(0.1, 2))  # 2 workers: cut
+        await rejected()
+        final = transport.statistics()[name]
+        records = [r for r in caplog.records if r.name.startswith("httpx_bulkhead")]
+        assert {r.name for r in records} == {"httpx_bulkhead.adaptive"}  # no rejection line
+        fields = [
+            (r.__dict__["previous"], r.__dict__["limit"], r.__dict__["reason"]) for r in records
+        ]
+        history = [limit for _, limit in final.limit_history]
+        assert [(p, n) for p, n, _ in fields] == list(itertools.pairwise(history))
+        assert fields[0] == (1, 8, "probed") and "queue" in [why for _, _, why in fields]
+        assert {r.__dict__["compartment"] for r in records} == {name}
+        assert records[0].getMessage() == (
+            f"compartment {name!r}: adaptive limit 1 -> 8 (probed: no-load latency 100.0 ms)"
+        )
+        # The parent on too: the rejection's own line (so the check above could fail).
+        caplog.set_level(logging.DEBUG, logger="httpx_bulkhead")
+        await rejected()
+        events = [r.__dict__["event"] for r in caplog.records if r.name == "httpx_bulkhead"]
+        assert "rejected" in events, events

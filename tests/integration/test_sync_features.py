@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import AdaptiveLimit, BulkheadHTTPTransport, Policy, RedisFleetLimit
+from httpx_bulkhead._adaptive import FIRST_PROBE_SAMPLES
 from tests.servers import HypercornServer
 
 
@@ -120,3 +121,21 @@ def test_an_environment_proxy_is_used_never_bypassed(
     monkeypatch.delenv("NO_PROXY")
     with httpx.Client(transport=BulkheadHTTPTransport(trust_env=False), trust_env=False) as c:
         assert c.get(url).text == "hello"
+
+
+def test_the_sync_transport_logs_why_its_adaptive_limit_moved(
+    server: HypercornServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="httpx_bulkhead.adaptive")
+    transport = BulkheadHTTPTransport(
+        default=Policy(max_concurrency=AdaptiveLimit(initial_limit=6, probe_interval=None))
+    )
+    with httpx.Client(transport=transport) as client:
+        for _ in range(FIRST_PROBE_SAMPLES):  # the first probe, at one slot
+            assert client.get(f"{server.url}/").status_code == 200
+    [stats] = transport.statistics().values()
+    [record] = [r for r in caplog.records if r.name == "httpx_bulkhead.adaptive"]
+    fields = record.__dict__
+    assert (fields["previous"], fields["limit"], fields["reason"]) == (1, 6, "probed")
+    assert fields["compartment"] == stats.name and stats.limit == 6
+    assert "adaptive limit 1 -> 6 (probed: no-load latency " in record.getMessage()

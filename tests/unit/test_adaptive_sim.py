@@ -11,6 +11,7 @@ queue ready).  ``BULKHEAD_ADAPTIVE_SIM_SEEDS=12`` runs seeds 1 to 12 instead of 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import statistics
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from benchmarks import adaptive_sim
+from httpx_bulkhead._adaptive import REASONS
 
 SEEDS = range(1, int(os.environ.get("BULKHEAD_ADAPTIVE_SIM_SEEDS") or 3) + 1)
 
@@ -272,3 +274,28 @@ def test_the_lab_with_a_wide_latency_spread(noise: adaptive_sim.Noise) -> None:
     for shares in late:
         assert statistics.mean(shares) >= 0.75, late
     assert sum(share < 0.5 for shares in late for share in shares) <= 1, late
+
+
+def test_every_change_of_an_adaptive_limit_is_accounted_for(
+    shedding: list[tuple[dict[str, Any], list[Any]]],
+) -> None:
+    """The model records each change of an adaptive limit with its reason (the lab's
+    ``decisions``, from the ``httpx_bulkhead.adaptive`` logger), in virtual time: chained,
+    in order, one of ``REASONS``; AIMD's are its growth and the 503s it counts as drops."""
+    for result, runs in shedding:
+        for who in runs[2:]:  # the gradient, and AIMD driven by 503s
+            decisions = who.decisions
+            assert result["decisions"][who.name] == decisions and decisions
+            times = [at for at, *_ in decisions]
+            # (the last exchanges end a little after the 45 s of arrivals)
+            assert times == sorted(times) and times[0] >= 0 and times[-1] < 46
+            for before, after in itertools.pairwise(decisions):
+                assert after[1] == before[2]  # each starts where the last one left the limit
+            assert all(
+                reason in REASONS and previous != limit
+                for _, previous, limit, reason, _ in decisions
+            )
+        gradient, aimd = runs[2], runs[3]
+        assert gradient.decisions[0][1:4] == (1, 10, "probed")
+        assert {reason for *_, reason, _ in aimd.decisions} == {"growth", "drop"}
+        assert aimd.decisions[0][1] == 10  # AIMD starts at initial_limit
