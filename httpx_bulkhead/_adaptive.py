@@ -839,26 +839,31 @@ class Gradient:
         if self._calm <= HOLD:
             return
         used = in_use >= IN_USE * before
-        self.reason = (
-            "growth",
-            f"{what} {ratio:.2f}x the no-load latency, {in_use / before:.0%} of the slots in use",
-        )
         if quiet and beyond and used:
             self.limit = max(self.limit * GROWTH, before + 1.0)
-            return
-        if not (quiet or (beyond and used)):
+        elif not (quiet or (beyond and used)):
             return
         # Near the last queue, or not quiet: one slot.  At small limits the timed tests do
         # it, unless the traffic gives them no chance (a batch of requests at a time: nobody
         # takes a slot opened between two batches): no verdict for long, or twice in a row
         # nobody took the test's slot.
-        if before <= TEST_BELOW and self._timed and not self._wide:
-            if self._untested >= TEST_FALLBACK or self._misses >= 2:
-                self.limit = before + 1.0
+        elif before <= TEST_BELOW and self._timed and not self._wide:
+            if self._untested < TEST_FALLBACK and self._misses < 2:
+                return
+            self.limit = before + 1.0
+            what = f"no headroom test's verdict; {what}"
         # Into ``beyond`` only on a window that used the limit: in a lull the limit would
         # drift there unproven, and then grow fast.
         elif used or before + 1 < max(self._ceiling * ESCAPE, self._ceiling + 2):
             self.limit = before + 1.0
+        else:
+            return
+        # (words only for a change: not built for every window)
+        share = f"{in_use / before:.0%}"
+        self.reason = (
+            "growth",
+            f"{what} {ratio:.2f}x the no-load latency, {share} of the slots in use",
+        )
 
     def _measure_spread(self, samples: list[float], median: float | None) -> None:
         """A window ended: its log latencies, less its median's, join the last
