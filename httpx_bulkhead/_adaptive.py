@@ -821,7 +821,7 @@ class Gradient:
             implied = before * self.no_load / median
             self._start_probe(
                 now,
-                f"the limit fell to {self.base} from its peak of {self._peak}",
+                f"a queue cut the limit to {self.base}, half its peak of {self._peak} or less",
                 math.floor(min(before * PROBE_FRACTION, implied * 0.75)),
             )
         elif self.no_load is None:

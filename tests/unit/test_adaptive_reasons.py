@@ -115,7 +115,7 @@ def test_each_change_in_the_labs_phases_is_logged_with_its_reason(
             assert change.previous <= 8 and change.limit > change.previous, change
     # The fall to 4 workers: a probe that names the fall.
     falls = [c for c, t in zip(seen, at, strict=True) if c.reason == "probe" and 15 <= t < 30]
-    assert falls and all("fell to" in c.detail for c in falls), falls
+    assert falls and all("half its peak" in c.detail for c in falls), falls
     # After the rise to 24, headroom tests doubled the limit from 8 slots or fewer.
     assert "headroom" in [c.reason for c, t in zip(seen, at, strict=True) if t >= 30]
 
