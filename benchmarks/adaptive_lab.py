@@ -82,7 +82,7 @@ class Decisions(logging.Handler):
         super().__init__(logging.DEBUG)
         self.clock, self.only = clock, only
         self.seen: list[Decision] = []
-        self._before = logging.NOTSET, True
+        self._before: tuple[int, bool] | None = None  # the logger's, while attached
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.only is None or getattr(record, "compartment", None) == self.only:
@@ -90,6 +90,8 @@ class Decisions(logging.Handler):
             self.seen.append((self.clock(), d["previous"], d["limit"], d["reason"], d["detail"]))
 
     def attach(self) -> None:
+        if self._before is not None:
+            raise RuntimeError("Decisions.attach: already attached")
         logger = logging.getLogger("httpx_bulkhead.adaptive")
         self._before = logger.level, logger.propagate
         logger.setLevel(logging.DEBUG)
@@ -97,10 +99,13 @@ class Decisions(logging.Handler):
         logger.addHandler(self)
 
     def detach(self) -> None:
-        """As before ``attach``."""
+        """As before ``attach`` (nothing if not attached)."""
+        if self._before is None:
+            return
         logger = logging.getLogger("httpx_bulkhead.adaptive")
         logger.removeHandler(self)
         logger.level, logger.propagate = self._before
+        self._before = None
 
 
 @dataclass

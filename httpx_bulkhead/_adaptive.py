@@ -278,20 +278,24 @@ slots are in use, about one slot per round trip.
 Invariants: ``min_limit <= applied <= max_limit`` after every call; the applied limit is an
 int (the float state rounded down, and one slot more while a headroom test is open, from
 ``open_test`` to the next end); the algorithms read no clock, do no I/O and keep
-O(window) memory; the controller holds at most one timer (cancelled at the next sample and
-by ``close``) and records each change of the limit (without a test's slot) in a bounded
-history (``HISTORY`` entries).
+O(window) memory (and at most ``HISTORY`` moves); the controller holds at most one timer
+(cancelled at the next sample and by ``close``) and records each change of the base limit
+(not a test's slot) in a bounded history (``HISTORY`` entries).
 
-*Why the limit moved.*  Whatever changes the limit also sets the algorithm's ``reason``: a
-code of ``REASONS`` and the same in words with the figure that decided it (a cut's window
-median against ``no_load``; the no-load latency a probe measured).  ``probe``: a probe
-began (the first, a periodic one, a fall to half the peak, windows at ``min_limit``);
-``probed``: it ended, the limit restored; ``queue``: a window over the tolerance cut it;
-``growth``: a window without a queue (AIMD: an exchange without a drop) grew it;
-``headroom``: two headroom tests doubled it; ``drop``: drops multiplied it by ``backoff``
-(this one wins when a window also cut or grew).  The controller logs each change of the
-base limit with it, at DEBUG on ``httpx_bulkhead.adaptive`` (``_log.log_limit``): the one
-account of a decision that the history's numbers cannot give.
+*Why the limit moved.*  Whatever changes the base limit says why: a *move* ``(base, reason,
+words)`` in the algorithm's ``moves``, the reason a code of ``REASONS`` and the words with the
+figure that decided it.  ``probe``: a probe began (the first, a periodic one, the limit fallen
+to half its peak, windows at ``min_limit``); ``probed``: it ended, with the no-load latency
+it measured, the limit restored; ``queue``: a window over the tolerance cut it (the tolerance
+named when the spread widened it); ``growth``: a window without a queue (AIMD: an exchange
+without a drop) grew it; ``headroom``: two headroom tests grew it (doubled, or back to the
+base of the last test that failed); ``drop``: drops multiplied it by ``backoff``.  One call
+can make several (a window that cuts and starts the fall's probe, or grows and starts a
+periodic one; a cut and a drop), each from the last one's base.  The controller takes them
+after each call and records each in ``history`` and in a DEBUG line on
+``httpx_bulkhead.adaptive`` (``_log.log_limit``), also a change that a test's open slot hid
+from the applied limit (the base grew as the slot closed): the history and the lines are one
+chain, and the lines are the one account of why.
 """
 
 from __future__ import annotations
@@ -429,8 +433,10 @@ MAX_TOLERANCE = 3.0
 TEST_SPREAD = 0.2
 #: Changes of the applied limit kept for ``statistics().limit_history``.
 HISTORY = 256
-#: The codes of ``reason``: why the limit last changed (see the module docstring).
+#: Why the limit changed, the codes of a ``Move`` (see the module docstring).
 REASONS = ("probe", "probed", "queue", "growth", "headroom", "drop")
+#: A change of the base limit: the new base, a code of ``REASONS``, and the same in words.
+Move = tuple[int, str, str]
 
 Algorithm = Literal["gradient", "aimd"]
 
@@ -571,6 +577,7 @@ class Gradient:
         "_probing",
         "_raised",
         "_refused",
+        "_reported",
         "_rng",
         "_samples",
         "_saved",
@@ -594,9 +601,9 @@ class Gradient:
         "_wide",
         "_wins",
         "limit",
+        "moves",
         "no_load",
         "open_at",
-        "reason",
         "spec",
     )
 
@@ -652,9 +659,13 @@ class Gradient:
         self._misses = 0  # tests in a row since the last verdict that nobody took
         self._fail_base = 0  # the base of the last informative test that failed (0: none)
         self._doubled = 0  # the limit a test's doubling set, until a window confirmed it
-        #: Why the limit last changed: a code (``REASONS``) and the same in words.
-        self.reason: tuple[str, str] = ("probe", "")
+        #: The changes of ``base`` since the caller last emptied it, each ``(base, reason,
+        #: words)``: the reason a code of ``REASONS`` (see the module docstring).
+        self.moves: list[Move] = []
+        self._reported = self.base  # the base of the last move (or the initial one)
         self._start_probe(-math.inf, "the first, no estimate yet", float(spec.min_limit))
+        self.moves.clear()  # (the initial state, not a change)
+        self._reported = self.base
 
     @property
     def base(self) -> int:
@@ -718,9 +729,9 @@ class Gradient:
             if median:  # (a clock too coarse to see a latency gives no estimate)
                 self.no_load = median
                 self._probe_n = len(samples)
-                self.reason = ("probed", f"no-load latency {median * 1000:.1f} ms")
+                self._moved("probed", f"no-load latency {median * 1000:.1f} ms")
             else:
-                self.reason = ("probed", "no latency measured (the clock is too coarse)")
+                self._moved("probed", "no latency measured (the clock is too coarse)")
             self._schedule_probe(now)
             self._opened = now  # the probe's own samples say nothing of the limit restored
             # (a probe's end is no raise: its burst of new exchanges, on new connections,
@@ -767,8 +778,9 @@ class Gradient:
                 if self._over >= 2:  # twice in a row since the last cut: not noise
                     cut = min(cut, before - 1.0)
                 self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
-                self.reason = ("queue", f"{what} {ratio:.2f}x the no-load latency")
                 if self.base < before:
+                    widened = f" (a tolerance of {tolerance:.2f}: the spread)" if margin else ""
+                    self._moved("queue", f"{what} {ratio:.2f}x the no-load latency{widened}")
                     self._calm = self._over = 0
                     self._ceiling = before
                     # The spacing of tests starts over.  A test armed before the cut stays
@@ -790,7 +802,7 @@ class Gradient:
                         self._armed = True
         if drops:
             self.limit *= spec.backoff
-            self.reason = ("drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")
+            self._moved("drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
         confirmed = (  # the window found the limit it judged in use and without a queue
             median is not None
@@ -821,7 +833,7 @@ class Gradient:
             implied = before * self.no_load / median
             self._start_probe(
                 now,
-                f"a queue cut the limit to {self.base}, half its peak of {self._peak} or less",
+                f"the limit fell to half its peak of {self._peak} or less",
                 math.floor(min(before * PROBE_FRACTION, implied * 0.75)),
             )
         elif self.no_load is None:
@@ -858,11 +870,9 @@ class Gradient:
             self.limit = before + 1.0
         else:
             return
-        # (words only for a change: not built for every window)
         share = f"{in_use / before:.0%}"
-        self.reason = (
-            "growth",
-            f"{what} {ratio:.2f}x the no-load latency, {share} of the slots in use",
+        self._moved(
+            "growth", f"{what} {ratio:.2f}x the no-load latency, {share} of the slots in use"
         )
 
     def _measure_spread(self, samples: list[float], median: float | None) -> None:
@@ -1018,13 +1028,15 @@ class Gradient:
                 self._wins = 0
                 base = self.base
                 self.limit = max(base * TEST_GROWTH, base + 1.0)
-                self.reason = ("headroom", "two headroom tests in a row found a slot free")
+                words = "two headroom tests in a row found a slot free"
                 if self._fail_base > base:
                     # Below the base of the last test that failed (a cut by our own noise):
                     # back to it at most, where the tests resume.
                     self.limit = min(self.limit, float(self._fail_base))
+                    words += f", up to where the last test that failed was ({self._fail_base})"
                 else:
                     self._ceiling = self._fail_base = 0
+                self._moved("headroom", words)
                 self._doubled = self.base
                 self._raised = True
                 self._steady = 0
@@ -1039,7 +1051,6 @@ class Gradient:
         self._test_closed = self.open_at = None
 
     def _start_probe(self, now: float, why: str, limit: float | None = None) -> None:
-        self.reason = ("probe", why)
         self._end_test()
         self._armed = False
         self._at_min = self._peak = self._steady = self._doubled = 0
@@ -1049,6 +1060,15 @@ class Gradient:
             limit = math.floor(self.limit * PROBE_FRACTION)
         self.limit = max(float(self.spec.min_limit), limit)
         self._opened = now
+        self._moved("probe", why)
+
+    def _moved(self, reason: str, words: str) -> None:
+        """Whatever changed ``limit`` says why: a move, if ``base`` changed (the last
+        ``HISTORY`` kept, if nobody takes them)."""
+        base = self.base
+        if base != self._reported:
+            self._reported = base
+            _keep(self.moves, (base, reason, words))
 
     def _schedule_probe(self, now: float) -> None:
         interval = self.spec.probe_interval
@@ -1061,14 +1081,15 @@ class Gradient:
 class AIMD:
     """Additive increase, multiplicative decrease on drops (see the module docstring)."""
 
-    __slots__ = ("_cut_at", "limit", "no_load", "reason", "spec")
+    __slots__ = ("_cut_at", "_reported", "limit", "moves", "no_load", "spec")
 
     def __init__(self, spec: AdaptiveLimit) -> None:
         self.spec = spec
         self.limit = float(spec.initial_limit)
         self.no_load: float | None = None  # AIMD does not estimate it
         self._cut_at = -math.inf
-        self.reason: tuple[str, str] = ("growth", "")
+        self.moves: list[Move] = []  # (as ``Gradient.moves``)
+        self._reported = self.applied
 
     @property
     def applied(self) -> int:
@@ -1084,11 +1105,25 @@ class AIMD:
             if started >= self._cut_at:  # one cut per round trip
                 self.limit = max(float(spec.min_limit), self.limit * spec.backoff)
                 self._cut_at = now
-                self.reason = ("drop", f"a drop, x{spec.backoff:g}")
+                self._moved("drop", f"a drop, x{spec.backoff:g}")
         elif inflight * 2 >= self.applied:
             self.limit = min(float(spec.max_limit), self.limit + 1 / self.limit)
-            self.reason = ("growth", "an exchange without a drop, half the slots in use")
+            self._moved("growth", "an exchange without a drop, at least half the slots in use")
         return self.applied
+
+    def _moved(self, reason: str, words: str) -> None:
+        """As ``Gradient._moved``."""
+        base = self.applied
+        if base != self._reported:
+            self._reported = base
+            _keep(self.moves, (base, reason, words))
+
+
+def _keep(moves: list[Move], move: Move) -> None:
+    """Appends ``move``, dropping the oldest beyond ``HISTORY`` (nobody took them)."""
+    if len(moves) >= HISTORY:
+        del moves[0]
+    moves.append(move)
 
 
 def _applied(spec: AdaptiveLimit, limit: float) -> int:
@@ -1148,7 +1183,7 @@ class AdaptiveController:
             from now (``Timers.call_later``), for the gradient's headroom tests; ``None``:
             they open only at the end of an exchange.
         name: the compartment's, for the DEBUG line on each change of the limit
-            (``_log.log_limit``: the algorithm's ``reason``).
+            (``_log.log_limit``: the algorithm's ``moves``).
     """
 
     __slots__ = (
@@ -1218,39 +1253,53 @@ class AdaptiveController:
         algorithm = self.algorithm
         if type(algorithm) is not Gradient:
             return
-        before = algorithm.applied
-        algorithm.unfed_end(self._clock(), self._running(), refused)
+        before, now = algorithm.applied, self._clock()
+        algorithm.unfed_end(now, self._running(), refused)
         if algorithm.open_at is None:
             self._cancel_timer()
-        if algorithm.applied != before:
-            self._apply(self._clock(), algorithm.applied)
+        self._settle(now, before)
 
     def _feed(self, started: float, latency: float, dropped: bool) -> None:
         now = self._clock()
         algorithm = self.algorithm
         before = algorithm.applied
-        limit = algorithm.update(now, started, latency, dropped, self._running())
-        if limit != before:
-            self._apply(now, limit)
+        algorithm.update(now, started, latency, dropped, self._running())
         self._cancel_timer()  # (each sample names the instant anew, or none)
         open_at = algorithm.open_at if type(algorithm) is Gradient else None
         if open_at is not None and self._call_later is not None:
             self._timer = self._call_later(max(0.0, open_at - now), self._open)
+        self._settle(now, before)
 
     def _open(self) -> None:
         """The headroom test's instant came (a timer)."""
         self._timer = None
         algorithm, now = self.algorithm, self._clock()
-        if type(algorithm) is Gradient and algorithm.open_test(now, self._running()):
-            self._apply(now, algorithm.applied)
+        if type(algorithm) is Gradient:
+            before = algorithm.applied
+            algorithm.open_test(now, self._running())
+            self._settle(now, before)
 
-    def _apply(self, now: float, limit: int) -> None:
-        self._set_limit(limit)
+    def _settle(self, now: float, before: int) -> None:
+        """Applies the limit if it changed (``before``: the applied one), then records the
+        algorithm's moves, each in ``history`` and in a DEBUG line: every change of the
+        base, also one a test's slot hid from ``applied`` (the base grew as the slot
+        closed) and each of several in one call (a window grew it, then started a probe).
+        The lines last: a logging handler that raises leaves the limit, the timer and the
+        history as they should be."""
         algorithm = self.algorithm
-        base, previous = algorithm.base, self.history[-1][1]
-        if base != previous:
-            self.history.append((now, base))
-            log_limit(self._name, previous, base, *algorithm.reason)
+        limit = algorithm.applied
+        if limit != before:
+            self._set_limit(limit)
+        if not algorithm.moves:
+            return
+        moves, algorithm.moves = algorithm.moves, []
+        history = self.history
+        changes = []
+        for base, reason, words in moves:
+            changes.append((history[-1][1], base, reason, words))
+            history.append((now, base))
+        for previous, base, reason, words in changes:
+            log_limit(self._name, previous, base, reason, words)
 
     def rearm(self) -> None:
         """The transport moved to another event loop: a headroom test's timer armed on the

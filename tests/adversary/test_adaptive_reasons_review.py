@@ -1,9 +1,11 @@
 """An adversarial review of "why the limit moved" (c2361a3, 456302b): the DEBUG line that
-``AdaptiveController._apply`` writes on ``httpx_bulkhead.adaptive`` for each change of the
+``AdaptiveController`` writes on ``httpx_bulkhead.adaptive`` for each change of the
 base limit, with the algorithm's ``reason``, and the lab's and the model's ``Decisions``.
 
-Pure: the controller fed in virtual time (timers fired by hand).  A test marked
-``xfail(strict=True)`` shows a defect (named in its reason); the others show the code holds.
+Pure: the controller fed in virtual time (timers fired by hand).  Three of these found
+defects, since mended (the controller now records the algorithm's ``moves``): a change of
+the base that a test's slot hid from ``applied``, a growth hidden behind the probe the same
+window started, and the model resetting the logger of a static contestant.
 """
 
 from __future__ import annotations
@@ -92,12 +94,6 @@ def records(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int, str, str]]
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a change of the base in the window that closes a headroom test's slot leaves "
-    "applied as it was, so _feed does not call _apply: neither limit_history nor the log "
-    "has it (a sequential caller at one slot: 1 -> 2 unrecorded, the next line says 1 -> 3)",
-)
 def test_a_growth_in_the_window_that_closes_a_test_slot_is_accounted_for(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -129,12 +125,6 @@ def round_of(lab: Clocked, latency: float, dropped: bool = False) -> None:
             controller.ended(started, latency, 200, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a window that grows the limit and starts a periodic probe logs only 'probe': "
-    "the probe saves the grown limit, so 'probed' restores to a limit the log never "
-    "explained (a drop in such a window is hidden the same way)",
-)
 def test_a_probe_restores_the_limit_it_interrupted(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     spec = AdaptiveLimit(initial_limit=8, probe_interval=1.0, max_limit=5000)
@@ -217,12 +207,6 @@ def test_the_labs_decisions_restore_the_logger() -> None:
         assert (logger.level, logger.propagate, logger.handlers) == (logging.INFO, True, handlers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adaptive_sim.simulate detaches its Decisions in a finally even when it never "
-    "attached them (a static contestant): the logger's level and propagate are reset to "
-    "Decisions' defaults (NOTSET, True), whatever the caller had set",
-)
 def test_the_model_leaves_the_logger_alone_for_a_static_contestant() -> None:
     with adaptive_logger() as logger:
         logger.propagate = False

@@ -9,6 +9,7 @@ order, each reason one of ``REASONS`` and its words naming the figure that decid
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import re
@@ -116,6 +117,9 @@ def test_each_change_in_the_labs_phases_is_logged_with_its_reason(
     # The fall to 4 workers: a probe that names the fall.
     falls = [c for c, t in zip(seen, at, strict=True) if c.reason == "probe" and 15 <= t < 30]
     assert falls and all("half its peak" in c.detail for c in falls), falls
+    # ... right after the cut that took it there, in the same window: two lines.
+    for fall in falls:
+        assert seen[seen.index(fall) - 1].reason == "queue"
     # After the rise to 24, headroom tests doubled the limit from 8 slots or fewer.
     assert "headroom" in [c.reason for c, t in zip(seen, at, strict=True) if t >= 30]
 
@@ -173,17 +177,25 @@ def test_aimd_says_drop_and_growth(caplog: pytest.LogCaptureFixture) -> None:
     assert drop.detail == "a drop, x0.9" and drop.limit < drop.previous
 
 
-def test_the_reason_follows_every_change_of_the_pure_algorithms() -> None:
-    """Without a controller: the reason is the algorithm's own state, set by whatever
-    changed the limit (the first probe's, at construction)."""
+def test_the_pure_algorithms_keep_their_moves_until_taken() -> None:
+    """Without a controller: each change of the base is a move, ``(base, reason, words)``,
+    kept until the caller takes them (the initial probe is the initial state, not a move)."""
     gradient = Gradient(AdaptiveLimit(initial_limit=12, probe_interval=None), random.Random(2))
-    assert gradient.reason == ("probe", "the first, no estimate yet")
-    assert AIMD(AdaptiveLimit(algorithm="aimd")).reason[0] == "growth"
+    assert gradient.base == 1 and gradient.moves == []
     now, _ = rounds(gradient, lambda now, limit: 0.05, 0.399)  # the probe's 8 exchanges
-    assert gradient.applied == 12 and gradient.reason == ("probed", "no-load latency 50.0 ms")
-    # 4 workers: a queue, and the limit is cut for it.
+    assert gradient.moves == [(12, "probed", "no-load latency 50.0 ms")]
+    gradient.moves.clear()
+    # 4 workers: a queue, and the limit is cut for it, each move from the last one's base.
     _, trace = rounds(gradient, lambda now, limit: 0.05 * max(1.0, limit / 4), now + 0.5, now)
-    assert min(trace) < 12 and gradient.reason[0] in ("queue", "growth", "probe")
+    bases = [12] + [base for base, _, _ in gradient.moves]
+    assert min(trace) < 12 and "queue" in [reason for _, reason, _ in gradient.moves]
+    assert all(a != b for a, b in itertools.pairwise(bases)) and bases[-1] == gradient.base
+    aimd = AIMD(AdaptiveLimit(algorithm="aimd", initial_limit=3))
+    for i in range(30):
+        aimd.update(i * 0.01, i * 0.01 - 0.01, 0.01, i == 20, 3)
+    reasons = [reason for _, reason, _ in aimd.moves]
+    assert set(reasons) == {"growth", "drop"} and reasons.count("drop") == 1, reasons
+    assert aimd.moves[-1][0] == aimd.applied
 
 
 def test_nothing_is_logged_when_the_logger_is_off(caplog: pytest.LogCaptureFixture) -> None:
