@@ -250,6 +250,15 @@ wait read was the predicted one: 127/35 in the model, but at a steady 4 workers 
 doublings (3), and in the lab 7 of 12 runs meeting every target against 7 of 12, one of them
 doubled to 8 in phase 2 (its p99 from 5 s in 1.96x).  Not landed.
 
+*Tried since: a more precise no-load latency.*  Given it exactly (an oracle, in the model),
+the runs meeting every target of phases 1 and 3 rise from 120 to 131 of 160 (quiet; loaded,
+33 to 44): the ratio of a window is then the window's own noise alone.  The gain holds with
+an estimate off by 1% (a standard deviation) and is gone at 2%; a probe's median of 8
+exchanges is off by 2.8%.  A trimmed mean of the probe (an eighth of it left out at each end),
+and the median of two probes' samples pooled when they agree within 6%, gave 114/35, 115/26
+and 123/40 (both): noise.  A probe long enough for 1% (some 60 exchanges at one slot) costs
+more capacity than the precision gains.
+
 A window with a drop also multiplies the limit by ``backoff``.
 
 ``no_load`` is measured by *probes*, and moves halfway down when two window medians in a
