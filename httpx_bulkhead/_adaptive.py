@@ -254,10 +254,12 @@ doubled to 8 in phase 2 (its p99 from 5 s in 1.96x).  Not landed.
 the runs meeting every target of phases 1 and 3 rise from 120 to 131 of 160 (quiet; loaded,
 33 to 44): the ratio of a window is then the window's own noise alone.  The gain holds with
 an estimate off by 1% (a standard deviation) and is gone at 2%; a probe's median of 8
-exchanges is off by 2.8%.  A trimmed mean of the probe (an eighth of it left out at each end),
-and the median of two probes' samples pooled when they agree within 6%, gave 114/35, 115/26
-and 123/40 (both): noise.  A probe long enough for 1% (some 60 exchanges at one slot) costs
-more capacity than the precision gains.
+exchanges is off by 2.8%.  Over seeds 1-480, against 333/88 (quiet/loaded): a trimmed mean
+of the probe (an eighth of it left out at each end; off by 2.4% for the lab's spread) gave
+346/87, the median of two probes' samples pooled when they agree within 6% gave 329/73, and
+both 354/100; the model's own noise is some 10 runs, the lab's is wider, and a trimmed mean
+reads a skewed latency higher than the windows' medians do.  A probe long enough for 1% (some
+60 exchanges at one slot) costs more capacity than the precision gains.
 
 A window with a drop also multiplies the limit by ``backoff``.
 
