@@ -66,6 +66,9 @@ from benchmarks.adaptive_lab import (
     report,
     targets,
 )
+from benchmarks.adaptive_lab import (
+    verdicts as verdicts,  # (the lab owns the targets; the model's callers use it here)
+)
 from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import AdaptiveController
 from httpx_bulkhead._limiter import Limiter
@@ -347,40 +350,6 @@ def run(
         service_ms=service_ms, rate=rate, phase_seconds=phase_seconds, shed=shed
     )
     return report(runs, spec, args)
-
-
-def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per phase, the issue's targets as figures: ``first_in_band_s`` (< 5),
-    ``goodput_share`` of the best static (>= 0.9; ``goodput_after_5s_share`` from 5 s in),
-    ``p99_x`` of the service time (<= 1.5), and for the settling, ``in_band_after_5s`` and
-    the limit's range from 5 s in; ``blind_over_1_5x_share``: what bounds the whole-phase
-    p99 where the capacity fell."""
-    by = {(r["phase"], r["contestant"]): r for r in result["rows"]}
-    out = []
-    for phase, n in enumerate(result["phases"], 1):
-        adaptive = by[(phase, "adaptive")]
-        statics = [by[(phase, name)] for name in ("static 64", "static 16")]
-        best = max(r["goodput"] for r in statics)
-        best_late = max(r["goodput_after_5s"] for r in statics)
-        out.append(
-            {
-                "phase": phase,
-                "N": n,
-                "first_in_band_s": adaptive["first_in_band_s"],
-                "in_band_after_5s": adaptive["in_band_after_5s"],
-                "limit_after_5s": (adaptive["limit_min_after_5s"], adaptive["limit_max_after_5s"]),
-                "goodput_share": adaptive["goodput"] / best,
-                "goodput_after_5s_share": adaptive["goodput_after_5s"] / best_late,
-                "p99_x": adaptive["p99_ms"] / result["service_ms"],
-                "p99_after_5s_x": adaptive["p99_after_5s_ms"] / result["service_ms"],
-                "too_high_p99_x": by[(phase, "static 64")]["p99_ms"] / result["service_ms"],
-                # Responses above 1.5x of requests sent before any limit could see a change
-                # of the capacity, as a share of the phase's (``adaptive_lab.capacity_fell``).
-                "blind_over_1_5x_share": adaptive["blind_over_1_5x"]
-                / max(1, adaptive["responses"]),
-            }
-        )
-    return out
 
 
 def by_limit(who: Run, start: float, end: float, service: float) -> dict[int, dict[str, float]]:

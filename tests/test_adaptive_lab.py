@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import importlib.util
 import itertools
+import json
 import shutil
 from pathlib import Path
 
@@ -73,3 +74,24 @@ def test_the_lab_with_a_dependency_that_sheds(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is not None:
         adaptive_lab.plot(result, tmp_path / "shed.png")
         assert (tmp_path / "shed.png").stat().st_size > 1000
+
+
+def test_several_runs_are_written_and_summarised(tmp_path: Path) -> None:
+    """``--runs N``: each run's JSON and report beside ``--out``, and a summary whose counts
+    are those of the runs' own verdicts."""
+    args = argparse.Namespace(phase_seconds=0.5, service_ms=20.0, rate=400.0, seed=1, runs=2)
+    text = adaptive_lab.several(args, tmp_path / "lab")
+    assert (tmp_path / "lab-runs.md").read_text() == text
+    results = [json.loads((tmp_path / f"lab-{i}.json").read_text()) for i in (1, 2)]
+    assert (tmp_path / "lab-2.md").read_text() == adaptive_lab.markdown(results[1])
+    assert text.startswith("2 runs of the lab") and text.count("\n| 1 |") == 1
+    every = [adaptive_lab.verdicts(result) for result in results]
+    for phase in (1, 2, 3):
+        shares = [run[phase - 1]["goodput_share"] for run in every]
+        under = sum(share < 0.9 for share in shares)
+        assert f"- phase {phase} (N=" in text
+        line = next(x for x in text.splitlines() if x.startswith(f"- phase {phase} "))
+        assert f"under 90% in {under};" in line, line
+        assert f"({min(shares):.1%}-{max(shares):.1%})" in line, line
+    outer = sum(all(adaptive_lab.met(v) for v in run if v["phase"] != 2) for run in every)
+    assert text.rstrip().endswith(f"met in {outer} of 2 runs.")
