@@ -51,7 +51,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -461,6 +461,28 @@ def _x(value: float) -> str:
     return f"{value:.3f}x" if near else f"{value:.2f}x"
 
 
+def _figures(values: Iterable[float]) -> list[float]:
+    """The figures there are (a phase without responses, or nothing from 5 s in: nan)."""
+    return [value for value in values if not math.isnan(value)]
+
+
+def _share_range(shares: list[float]) -> str:
+    if not shares:
+        return "-"
+    low, high = min(shares), max(shares)
+    return f"{statistics.mean(shares):.1%} of the best static on average ({low:.1%}-{high:.1%})"
+
+
+def _x_range(values: list[float]) -> str:
+    return f"{_x(min(values))}-{_x(max(values))}" if values else "-"
+
+
+def _missing(runs: int, *figures: list[float]) -> str:
+    """Says in how many runs a figure was missing (counted neither met nor missed above)."""
+    lacking = max(runs - len(values) for values in figures)
+    return f" (no figure in {lacking} of the runs)" if lacking else ""
+
+
 def runs_summary(results: Sequence[dict[str, Any]]) -> str:
     """Several runs of the lab (``--runs``: the same arrivals, so what varies is the
     machine): per run, each phase's targets as figures; over the runs, how often each target
@@ -489,18 +511,17 @@ def runs_summary(results: Sequence[dict[str, Any]]) -> str:
     out.append("")
     for phase, n in enumerate(phases, 1):
         column = [run[phase - 1] for run in every]
-        goodput = [v["goodput_share"] for v in column]
-        p99 = [v["p99_x"] for v in column]
-        late = [v["p99_after_5s_x"] for v in column]
+        goodput = _figures(v["goodput_share"] for v in column)
+        p99 = _figures(v["p99_x"] for v in column)
+        late = _figures(v["p99_after_5s_x"] for v in column)
         band = [v["first_in_band_s"] for v in column]
         out.append(
-            f"- phase {phase} (N={n}): goodput {statistics.mean(goodput):.1%} of the best static"
-            f" on average ({min(goodput):.1%}-{max(goodput):.1%}), under 90% in"
-            f" {sum(g < TARGET_GOODPUT for g in goodput)}; p99 {_x(min(p99))}-{_x(max(p99))},"
-            f" over 1.5x in {sum(x > TARGET_P99 for x in p99)}; from 5 s in"
-            f" {_x(min(late))}-{_x(max(late))}, over 1.5x in"
+            f"- phase {phase} (N={n}): goodput {_share_range(goodput)}, under 90% in"
+            f" {sum(g < TARGET_GOODPUT for g in goodput)}; p99 {_x_range(p99)}, over 1.5x in"
+            f" {sum(x > TARGET_P99 for x in p99)}; from 5 s in {_x_range(late)}, over 1.5x in"
             f" {sum(x > TARGET_P99 for x in late)}; in band within 5 s in"
             f" {sum(b is not None and b < TARGET_BAND_S for b in band)}"
+            + _missing(len(column), goodput, p99, late)
         )
     outer_met = sum(all(met(v) for v in run if v["phase"] != 2) for run in every)
     out += ["", f"Every target of phases 1 and 3 met in {outer_met} of {len(results)} runs."]

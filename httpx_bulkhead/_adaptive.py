@@ -295,9 +295,10 @@ O(window) memory (and at most ``HISTORY`` moves); the controller holds at most o
 
 *Why the limit moved.*  Whatever changes the base limit says why: a *move* ``(base, reason,
 words)`` in the algorithm's ``moves``, the reason a code of ``REASONS`` and the words with the
-figure that decided it.  ``probe``: a probe began (the first, a periodic one, the limit fallen
-to half its peak, windows at ``min_limit``); ``probed``: it ended, with the no-load latency
-it measured, the limit restored; ``queue``: a window over the tolerance cut it (the tolerance
+figure that decided it.  ``probe``: a probe began (a periodic one, or the limit fell to half
+its peak; one that leaves the base where it is, the first and those at ``min_limit``, is no
+move, nor is its end); ``probed``: it ended, with the no-load latency it measured, the limit
+restored; ``queue``: a window over the tolerance cut it (the tolerance
 named when the spread widened it); ``growth``: a window without a queue (AIMD: an exchange
 without a drop) grew it; ``headroom``: two headroom tests grew it (doubled, or back to the
 base of the last test that failed); ``drop``: drops multiplied it by ``backoff``.  One call
@@ -1117,9 +1118,10 @@ class AIMD:
                 self.limit = max(float(spec.min_limit), self.limit * spec.backoff)
                 self._cut_at = now
                 self._moved("drop", f"a drop, x{spec.backoff:g}")
-        elif inflight * 2 >= self.applied:
+        elif inflight * 2 >= (applied := self.applied):
             self.limit = min(float(spec.max_limit), self.limit + 1 / self.limit)
-            self._moved("growth", "an exchange without a drop, at least half the slots in use")
+            if int(self.limit) != applied:  # (most samples grow it by a fraction of a slot)
+                self._moved("growth", "an exchange without a drop, at least half the slots in use")
         return self.applied
 
     def _moved(self, reason: str, words: str) -> None:
@@ -1268,18 +1270,19 @@ class AdaptiveController:
         algorithm.unfed_end(now, self._running(), refused)
         if algorithm.open_at is None:
             self._cancel_timer()
-        self._settle(now, before)
+        self._settle(now, before, algorithm.applied)
 
     def _feed(self, started: float, latency: float, dropped: bool) -> None:
         now = self._clock()
         algorithm = self.algorithm
         before = algorithm.applied
-        algorithm.update(now, started, latency, dropped, self._running())
+        limit = algorithm.update(now, started, latency, dropped, self._running())
         self._cancel_timer()  # (each sample names the instant anew, or none)
         open_at = algorithm.open_at if type(algorithm) is Gradient else None
         if open_at is not None and self._call_later is not None:
             self._timer = self._call_later(max(0.0, open_at - now), self._open)
-        self._settle(now, before)
+        if limit != before or algorithm.moves:
+            self._settle(now, before, limit)
 
     def _open(self) -> None:
         """The headroom test's instant came (a timer)."""
@@ -1288,17 +1291,16 @@ class AdaptiveController:
         if type(algorithm) is Gradient:
             before = algorithm.applied
             algorithm.open_test(now, self._running())
-            self._settle(now, before)
+            self._settle(now, before, algorithm.applied)
 
-    def _settle(self, now: float, before: int) -> None:
-        """Applies the limit if it changed (``before``: the applied one), then records the
+    def _settle(self, now: float, before: int, limit: int) -> None:
+        """Applies ``limit`` if it changed (``before``: the applied one), then records the
         algorithm's moves, each in ``history`` and in a DEBUG line: every change of the
         base, also one a test's slot hid from ``applied`` (the base grew as the slot
         closed) and each of several in one call (a window grew it, then started a probe).
         The lines last: a logging handler that raises leaves the limit, the timer and the
         history as they should be."""
         algorithm = self.algorithm
-        limit = algorithm.applied
         if limit != before:
             self._set_limit(limit)
         if not algorithm.moves:
