@@ -741,9 +741,9 @@ class Gradient:
             if median:  # (a clock too coarse to see a latency gives no estimate)
                 self.no_load = median
                 self._probe_n = len(samples)
-                self._moved("probed", f"no-load latency {median * 1000:.1f} ms")
+                _moved(self, "probed", f"no-load latency {median * 1000:.1f} ms")
             else:
-                self._moved("probed", "no latency measured (the clock is too coarse)")
+                _moved(self, "probed", "no latency measured (the clock is too coarse)")
             self._schedule_probe(now)
             self._opened = now  # the probe's own samples say nothing of the limit restored
             # (a probe's end is no raise: its burst of new exchanges, on new connections,
@@ -792,7 +792,7 @@ class Gradient:
                 self.limit = max(self.limit * MIN_GRADIENT, min(self.limit, cut))
                 if self.base < before:
                     widened = f" (a tolerance of {tolerance:.2f}: the spread)" if margin else ""
-                    self._moved("queue", f"{what} {ratio:.2f}x the no-load latency{widened}")
+                    _moved(self, "queue", f"{what} {ratio:.2f}x the no-load latency{widened}")
                     self._calm = self._over = 0
                     self._ceiling = before
                     # The spacing of tests starts over.  A test armed before the cut stays
@@ -814,7 +814,7 @@ class Gradient:
                         self._armed = True
         if drops:
             self.limit *= spec.backoff
-            self._moved("drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")
+            _moved(self, "drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")
         self.limit = min(float(spec.max_limit), max(float(spec.min_limit), self.limit))
         confirmed = (  # the window found the limit it judged in use and without a queue
             median is not None
@@ -883,8 +883,8 @@ class Gradient:
         else:
             return
         share = f"{in_use / before:.0%}"
-        self._moved(
-            "growth", f"{what} {ratio:.2f}x the no-load latency, {share} of the slots in use"
+        _moved(
+            self, "growth", f"{what} {ratio:.2f}x the no-load latency, {share} of the slots in use"
         )
 
     def _measure_spread(self, samples: list[float], median: float | None) -> None:
@@ -1048,7 +1048,7 @@ class Gradient:
                     words += f", up to where the last test that failed was ({self._fail_base})"
                 else:
                     self._ceiling = self._fail_base = 0
-                self._moved("headroom", words)
+                _moved(self, "headroom", words)
                 self._doubled = self.base
                 self._raised = True
                 self._steady = 0
@@ -1072,15 +1072,7 @@ class Gradient:
             limit = math.floor(self.limit * PROBE_FRACTION)
         self.limit = max(float(self.spec.min_limit), limit)
         self._opened = now
-        self._moved("probe", why)
-
-    def _moved(self, reason: str, words: str) -> None:
-        """Whatever changed ``limit`` says why: a move, if ``base`` changed (the last
-        ``HISTORY`` kept, if nobody takes them)."""
-        base = self.base
-        if base != self._reported:
-            self._reported = base
-            _keep(self.moves, (base, reason, words))
+        _moved(self, "probe", why)
 
     def _schedule_probe(self, now: float) -> None:
         interval = self.spec.probe_interval
@@ -1117,26 +1109,24 @@ class AIMD:
             if started >= self._cut_at:  # one cut per round trip
                 self.limit = max(float(spec.min_limit), self.limit * spec.backoff)
                 self._cut_at = now
-                self._moved("drop", f"a drop, x{spec.backoff:g}")
+                _moved(self, "drop", f"a drop, x{spec.backoff:g}")
         elif inflight * 2 >= (applied := self.applied):
             self.limit = min(float(spec.max_limit), self.limit + 1 / self.limit)
             if int(self.limit) != applied:  # (most samples grow it by a fraction of a slot)
-                self._moved("growth", "an exchange without a drop, at least half the slots in use")
+                _moved(self, "growth", "an exchange without a drop, at least half the slots in use")
         return self.applied
 
-    def _moved(self, reason: str, words: str) -> None:
-        """As ``Gradient._moved``."""
-        base = self.applied
-        if base != self._reported:
-            self._reported = base
-            _keep(self.moves, (base, reason, words))
 
-
-def _keep(moves: list[Move], move: Move) -> None:
-    """Appends ``move``, dropping the oldest beyond ``HISTORY`` (nobody took them)."""
-    if len(moves) >= HISTORY:
-        del moves[0]
-    moves.append(move)
+def _moved(algorithm: Gradient | AIMD, reason: str, words: str) -> None:
+    """Whatever changed an algorithm's ``limit`` says why: a move, if its ``base`` changed
+    (the last ``HISTORY`` kept, if nobody takes them)."""
+    base = algorithm.base
+    if base != algorithm._reported:
+        algorithm._reported = base
+        moves = algorithm.moves
+        if len(moves) >= HISTORY:
+            del moves[0]
+        moves.append((base, reason, words))
 
 
 def _applied(spec: AdaptiveLimit, limit: float) -> int:

@@ -29,16 +29,9 @@ from benchmarks.adaptive_lab import Decisions
 from httpx_bulkhead import AdaptiveLimit, BulkheadHTTPTransport, Policy
 from httpx_bulkhead._adaptive import HISTORY, AdaptiveController
 from tests.servers.asgi import HypercornServer
+from tests.unit.test_adaptive_headroom import Timer
 
 LOGGER = "httpx_bulkhead.adaptive"
-
-
-class Timer:
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
-        self.when, self.callback, self.cancelled = when, callback, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class Clocked:
