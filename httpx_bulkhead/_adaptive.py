@@ -134,8 +134,8 @@ a test or a stall delays; a deviation from its own window's median is smaller th
 the dependency's, by ``CENTRE_BIAS / n`` of its variance, which is corrected; a latency
 of 0, a clock too coarse to see it, is left out).  Above ``TEST_SPREAD`` the spread is
 *wide*: a window of n samples is judged against ``tolerance`` plus whatever ``SPREAD_Z``
-standard errors of the ratio of two medians (the window's, and the probe's of its
-samples) exceed it (``_margin``; up to ``MAX_TOLERANCE`` in all), the fall of a median
+standard errors of the ratio of the window's median to the probes' estimate (of
+their samples) exceed it (``_margin``; up to ``MAX_TOLERANCE`` in all), the fall of a median
 that moves ``no_load`` is widened as much, and no headroom test is run (the wait of its
 one exchange, a third of the service time at most, would be lost in the spread; windows
 grow the limit instead).  Below it (the lab's +-10% measures 0.06-0.11, rarely more under our
@@ -250,16 +250,28 @@ wait read was the predicted one: 127/35 in the model, but at a steady 4 workers 
 doublings (3), and in the lab 7 of 12 runs meeting every target against 7 of 12, one of them
 doubled to 8 in phase 2 (its p99 from 5 s in 1.96x).  Not landed.
 
-*Tried since: a more precise no-load latency.*  Given it exactly (an oracle, in the model),
-the runs meeting every target of phases 1 and 3 rise from 120 to 131 of 160 (quiet; loaded,
-33 to 44): the ratio of a window is then the window's own noise alone.  The gain holds with
-an estimate off by 1% (a standard deviation) and is gone at 2%; a probe's median of 8
-exchanges is off by 2.8%.  Over seeds 1-480, against 333/88 (quiet/loaded): a trimmed mean
-of the probe (an eighth of it left out at each end; off by 2.4% for the lab's spread) gave
-346/87, the median of two probes' samples pooled when they agree within 6% gave 329/73, and
-both 354/100; the model's own noise is some 10 runs, the lab's is wider, and a trimmed mean
-reads a skewed latency higher than the windows' medians do.  A probe long enough for 1% (some
-60 exchanges at one slot) costs more capacity than the precision gains.
+*A more precise no-load latency.*  Given it exactly (an oracle, in the model), the runs
+meeting every target of phases 1 and 3 rise from 120 to 131 of 160 (quiet; loaded, 33 to
+44): the ratio of a window is then the window's own noise alone.  The gain holds with an
+estimate off by 1% (a standard deviation) and is gone at 2%; a probe's median of 8
+exchanges is off by about 3% for the lab's spread of +-10%, of 16 by 2.3%.  A probe long
+enough for 1% (some 60 exchanges at one slot) costs more capacity than the precision gains;
+so ``no_load`` is measured better from the exchanges it has (``_estimate``): the geometric
+mean of their middle (``_centre``: an eighth left out at each end, and no further than
+``CENTRE_BOUND``, 3%, from their median, which keeps the median's robustness to a stall of
+our own), over the probe's exchanges and, while each probe's own estimate agrees with
+``no_load`` within ``POOL_AGREE`` (6%), the last probes' (``POOL_SAMPLES``, 24): off by
+about 1.75% for a probe of 16 and 1.4% for 24.  Geometric, because a plain trimmed mean reads
+a skewed latency above its median (6% at a lognormal sigma of 0.5), and the windows are
+judged by their medians.  A ``no_load`` moved down by windows (``DESCENT``) empties the
+pool: its exchanges are a slower dependency's.  In the model, seeds 1-480 (quiet/loaded):
+runs meeting every target of phases 1 and 3 376/100 (333/88 with the median; of seeds
+1-160, 132/39 against 120/33); phase 3's goodput under 0.9 of the best static limit's in
+83/202 runs (106/235), at least 0.69/0.75 (0.61/0.55), its whole-phase p99 above 1.5x in
+3/80 (7/92); phase 2's p99 from 5 s in 1.412x/1.476x on average (1.419x/1.490x).  Tried
+in a first sketch (no bound, nor an emptied pool: 371/100): a quarter left out at each end
+(361/78: less precise), agreement within 10% (372/104, no different); a plain trimmed mean,
+pooled (354/100) and not (346/87); the median of the pooled exchanges (329/73).
 
 A window with a drop also multiplies the limit by ``backoff``.
 
@@ -269,9 +281,10 @@ became faster); closer medians, or one alone, are noise, and following them woul
 the estimate to the lowest of many, a few percent under the truth, which then reads as a
 standing queue and stalls the growth.  A probe drops the limit to
 ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``4 * limit``
-exchanges (within ``[FIRST_PROBE_SAMPLES, PROBE_SAMPLES]``), whose median becomes the
-new ``no_load``, then restores the limit.  Probes run first (no estimate yet: at
-``min_limit``, as Envoy's do, since nothing says yet how many a quarter would be), every
+exchanges (within ``[FIRST_PROBE_SAMPLES, PROBE_SAMPLES]``), from which (and the last
+probes', above) it measures the new ``no_load``, then restores the limit.  Probes run
+first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how many
+a quarter would be), every
 ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe at
 once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe in two
 windows in a row over the tolerance (at a quarter of the limit the second window
@@ -353,10 +366,19 @@ DEFAULT_PROBE_INTERVAL = 60.0
 DEFAULT_BACKOFF = 0.9
 #: Fewest samples in a gradient window (the window is ``max(this, limit)`` samples).
 WINDOW_SAMPLES = 8
-#: Most samples in a probe window: its median is the no-load latency until the next probe,
-#: so it must be a steady one (with a service time spread over +-10%, the median of 16 is
-#: within about 1.5% of the truth, of 4 only within 3.5%).
+#: Most samples in a probe window: they give the no-load latency until the next probe, so
+#: it must be a steady one (see ``POOL_SAMPLES`` for how close it comes).
 PROBE_SAMPLES = 16
+#: ``no_load`` is measured over the samples of the last probes (the last this many) while
+#: each probe's own estimate agrees with it within ``POOL_AGREE`` (for the lab's spread of
+#: +-10%, 24 samples make it about 1.4% off, 16 about 1.75%, the median of 16 2.3%).
+POOL_SAMPLES = 24
+POOL_AGREE = 0.06
+#: ``no_load`` leaves out this share of its samples at each end (see ``_centre``; a quarter
+#: is less precise: in the model, 361/78 runs of 480 met all targets, against 371/100) ...
+TRIM = 0.125
+#: ... and is at most this share away from their median.
+CENTRE_BOUND = 0.03
 #: Fewest samples in a probe window (the window is ``4 * limit`` samples in between: a
 #: probe at one slot, as the first is by default, would take 16 round trips for 16).
 FIRST_PROBE_SAMPLES = 8
@@ -585,6 +607,7 @@ class Gradient:
         "_opened",
         "_over",
         "_peak",
+        "_pool",
         "_probe_n",
         "_probing",
         "_raised",
@@ -636,7 +659,8 @@ class Gradient:
         #: The log latencies of the last windows, each less its window's median.
         self._deviations: deque[float] = deque(maxlen=SPREAD_SAMPLES)
         self._spread: float | None = None  # their spread (see ``_margin``)
-        self._probe_n = 0  # the samples of the probe that measured ``no_load``
+        self._probe_n = 0  # the samples behind ``no_load`` (the pool's, see ``_estimate``)
+        self._pool: deque[float] = deque(maxlen=POOL_SAMPLES)
         self._wide = False  # a spread too wide for the headroom tests
         self._drops = 0
         self._refused = 0  # refusals in the window (no latency)
@@ -739,9 +763,7 @@ class Gradient:
             self._probing = False
             self.limit = self._saved
             if median:  # (a clock too coarse to see a latency gives no estimate)
-                self.no_load = median
-                self._probe_n = len(samples)
-                _moved(self, "probed", f"no-load latency {median * 1000:.1f} ms")
+                _moved(self, "probed", self._estimate(samples, median))
             else:
                 _moved(self, "probed", "no latency measured (the clock is too coarse)")
             self._schedule_probe(now)
@@ -759,6 +781,7 @@ class Gradient:
             else:  # twice in a row: halfway to the higher one (the minimum would sink)
                 self.no_load = (self.no_load + max(median, self._below)) / 2
                 self._below = None
+                self._pool.clear()  # (a slower dependency's: the next probe starts anew)
             judged, what = median, "window median"
             if self._raised and len(samples) >= WINDOW_SAMPLES:
                 # The first window at a raised limit: the exchanges that started first
@@ -887,6 +910,32 @@ class Gradient:
             self, "growth", f"{what} {ratio:.2f}x the no-load latency, {share} of the slots in use"
         )
 
+    def _estimate(self, samples: list[float], median: float) -> str:
+        """A probe ended with ``samples`` (their median above 0): sets ``no_load``, the
+        ``_centre`` of the pool, and returns the move's words.
+        The pool is the probe's samples, after the last probes' if its own estimate
+        agrees with ``no_load`` within ``POOL_AGREE`` (the last ``POOL_SAMPLES``).  A
+        clock too coarse to see some of the latencies (a 0) gives the median, as before,
+        and an empty pool (a log of 0 is none)."""
+        pool = self._pool
+        if min(samples) <= 0:
+            pool.clear()
+            self.no_load, self._probe_n = median, len(samples)
+            return f"no-load latency {median * 1000:.1f} ms"
+        own = _centre(samples)
+        agrees = self.no_load is not None and abs(own / self.no_load - 1) <= POOL_AGREE
+        if not (agrees and pool):
+            pool.clear()
+        earlier = len(pool)
+        pool.extend(samples)
+        self.no_load = no_load = _centre(list(pool))
+        self._probe_n = len(pool)
+        words = f"no-load latency {no_load * 1000:.1f} ms"
+        if earlier:
+            kept = len(pool) - len(samples)
+            words += f" (its {len(samples)} exchanges pooled with the last probes' {kept})"
+        return words
+
     def _measure_spread(self, samples: list[float], median: float | None) -> None:
         """A window ended: its log latencies, less its median's, join the last
         ``SPREAD_SAMPLES`` (a queue moves a window as a whole: what is left is the
@@ -909,9 +958,10 @@ class Gradient:
 
     def _margin(self, n: int) -> float:
         """What a wide spread adds to the tolerance (and to the fall of a window's median
-        that moves ``no_load``) for a window of ``n`` samples: its median and the probe's
-        that measured ``no_load`` are both uncertain, and ``SPREAD_Z`` standard errors of
-        their ratio beyond what ``tolerance`` already allows are noise, not a queue.  None
+        that moves ``no_load``) for a window of ``n`` samples: its median and the probes'
+        estimate, ``no_load`` (of ``_probe_n`` samples), are both uncertain, and
+        ``SPREAD_Z`` standard errors of their ratio beyond what ``tolerance`` already allows
+        are noise, not a queue.  None
         below ``TEST_SPREAD``: there the tolerance is the user's, and the headroom tests and
         the rules for a lone noisy window deal with the noise (a margin there, from our own
         stalls, let a slot of queue stand at 4 workers: phase 2's p99 from 5 s in 1.54x
@@ -1147,6 +1197,24 @@ def _quantile(ordered: list[float], q: float) -> float:
     low = int(at)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def _centre(values: list[float]) -> float:
+    """The geometric mean of the values (all above 0) less the ``TRIM`` share at each end,
+    no further from their median than ``CENTRE_BOUND`` of it: the median's estimate, with
+    less noise.  Of a symmetric spread as the lab's it reads the median; of a lognormal one
+    too (a plain trimmed mean reads a skewed latency high: 6% at sigma 0.5).  The bound
+    keeps the median's robustness: a stall of our own over more than ``TRIM`` of the
+    values (a fifth of a probe slowed tenfold) moves the estimate by ``CENTRE_BOUND`` at
+    most, the median's by nothing."""
+    ordered = sorted(values)
+    cut = int(len(ordered) * TRIM)
+    kept = ordered[cut : len(ordered) - cut]
+    if kept[0] == kept[-1]:
+        return kept[0]  # (exactly: a clock's tick, a test's constant latency)
+    mean = math.exp(math.fsum(map(math.log, kept)) / len(kept))
+    median = _median(ordered)
+    return min(max(mean, median * (1 - CENTRE_BOUND)), median * (1 + CENTRE_BOUND))
 
 
 def _median(values: list[float]) -> float:

@@ -156,22 +156,20 @@ def test_at_an_unchanged_capacity_of_4_the_limit_is_not_doubled(seed: int) -> No
     assert highest <= 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the climb from a small first limit: a test whose request found a worker free "
-    "failed (an early end cut its wait to 0.294 no_load, and no_load read 5% low: the "
-    "allowance 1.147x of it is under 1.1x the service time), delaying the doubling by "
-    "0.4 s, and GROWTH 1.35 takes more windows from there: in band after 5.17 s (2.91 s "
-    "before the commit); over seeds 1-10, 3.30 s on average (2.63 s)",
-)
 def test_a_climb_from_4_slots_to_64_workers_is_in_band_within_5_s() -> None:
-    """``initial_limit=4`` at a dependency of 64 workers (seed 8): the limit reaches 48
-    (the issue's band, N +- 25%) within 5 s."""
-    spec = AdaptiveLimit(initial_limit=4, probe_interval=None)
-    rotation = Rotation(spec, lambda now: 64, seed=8)
-    while rotation.algorithm.base < 48 and rotation.now < 5.0:
-        rotation.run(rotation.now + 0.01)
-    assert rotation.algorithm.base >= 48
+    """``initial_limit=4`` at a dependency of 64 workers (seeds 1-10): the limit reaches 48
+    (the issue's band, N +- 25%) within 5 s.  Was a strict xfail for seed 8: a test whose
+    request found a worker free failed (an early end cut its wait to 0.294 no_load, and
+    ``no_load``, the median of the first probe's 8 exchanges, read 5% low: the allowance
+    1.147x of it under 1.1x the service time), delaying the doubling by 0.4 s; in band
+    after 5.17 s, over seeds 1-10 3.30 s on average.  Since ``no_load`` is the geometric
+    mean of the middle of the probe (``_centre``): 2.94-3.19 s, 3.04 s on average."""
+    for seed in range(1, 11):
+        spec = AdaptiveLimit(initial_limit=4, probe_interval=None)
+        rotation = Rotation(spec, lambda now: 64, seed=seed)
+        while rotation.algorithm.base < 48 and rotation.now < 5.0:
+            rotation.run(rotation.now + 0.01)
+        assert rotation.algorithm.base >= 48, (seed, rotation.now)
 
 
 class Lulls(Rotation):
