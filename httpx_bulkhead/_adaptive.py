@@ -149,7 +149,7 @@ and 200 ms, 45-50% of them slow, no longer holds the limit at one slot.  A wide 
 costs precision: the limit sits further above the capacity (up to the widened
 tolerance), and a probe of 8 exchanges leaves ``no_load`` uncertain (at sigma 0.5, off by
 a fifth as often as not: read low, it can hold the limit at a slot or two until the next
-probe, as in one phase in eighteen of the lab's model at that spread).
+probe, as in 6 and 8 phases of 480 of the lab's model at that spread, quiet and loaded).
 
 *A headroom test* asks whether one more request would wait, and is timed so that the
 answer is clear and cheap.  In a steady rotation (every slot in use, each end's slot taken

@@ -268,18 +268,22 @@ def test_a_wide_latency_spread_is_not_read_as_a_queue(
 def test_the_lab_with_a_wide_latency_spread(noise: adaptive_sim.Noise) -> None:
     """The lab's phases (16 -> 4 -> 24 workers) at a lognormal spread of sigma 0.5: from 5 s
     into each phase, at least three quarters of the best static limit's goodput on average
-    (0.35, 0.43 and 0.14 before the tolerance followed the spread), and under half in one
-    phase of one run at most.  That one is quiet seed 1's phase 3: the probe after the fall
-    measured ``no_load`` 24% low (a median of 8 exchanges at this spread is off by 22% as
-    often as not), so windows read a queue and the limit fell to one slot, where a window
-    of 8 exchanges takes 0.8 s and the limit climbs back a slot per three windows."""
+    (0.35, 0.43 and 0.14 before the tolerance followed the spread), and under half in two
+    phases of twelve runs at most.  Such a phase follows a probe that measured ``no_load``
+    far low (an estimate of 8 exchanges at this spread is off by a fifth as often as not),
+    so windows read a queue and the limit fell to a slot or two, where a window of 8
+    exchanges takes 0.8 s and the limit climbs back a slot per three windows.  Of seeds
+    1-12, loaded seeds 3 and 5's phase 3 since ``no_load`` is measured by ``_centre`` (71
+    and 80 ms for 100), none with the probe's median; over seeds 1-160 (quiet, loaded), 6
+    and 8 phases of 480 under half, and 8 and 8 with the median.  (Over seeds 1-6 this
+    asked one at most.)"""
     late: list[list[float]] = [[], [], []]
-    for seed in range(1, 7):
+    for seed in range(1, 13):
         for phase, v in enumerate(adaptive_sim.verdicts(adaptive_sim.run(seed, noise, sigma=0.5))):
             late[phase].append(v["goodput_after_5s_share"])
     for shares in late:
         assert statistics.mean(shares) >= 0.75, late
-    assert sum(share < 0.5 for shares in late for share in shares) <= 1, late
+    assert sum(share < 0.5 for shares in late for share in shares) <= 2, late
 
 
 def test_every_change_of_an_adaptive_limit_is_accounted_for(
