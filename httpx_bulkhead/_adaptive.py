@@ -262,11 +262,11 @@ when further from it than ``CENTRE_BOUND``, 5%, so that a stall of our own over 
 the eighth moves it no more than the median), over the probe's exchanges and, while each
 probe's own estimate agrees with ``no_load`` within ``POOL_AGREE`` (6%; less at a
 tolerance under 1.08, where the part of a change the pool keeps would not read as quiet),
-the last probes' (``POOL_SAMPLES``, 24): off by
-about 1.75% for a probe of 16 and 1.4% for 24.  Geometric, because a plain trimmed mean reads
-a skewed latency above its median (6% at a lognormal sigma of 0.5), and the windows are
-judged by their medians.  A ``no_load`` moved down by windows (``DESCENT``) empties the
-pool: its exchanges are a slower dependency's.  In the model, seeds 1-480 (quiet/loaded):
+the last probes' (``POOL_SAMPLES``, 24): off by about 1.75% for a probe of 16 and 1.4% for
+24.  Geometric, because a plain trimmed mean reads a skewed latency above its median (6% at
+a lognormal sigma of 0.5), and the windows are judged by their medians.  A ``no_load``
+moved down by windows (``DESCENT``) empties the pool: its exchanges are a slower
+dependency's.  In the model, seeds 1-480 (quiet/loaded):
 runs meeting every target of phases 1 and 3 376/101 (333/88 with the median; of seeds
 1-160, 132/40 against 120/33); phase 3's goodput under 0.9 of the best static limit's in
 83/203 runs (106/235), at least 0.69/0.75 (0.61/0.55), its whole-phase p99 above 1.5x in
@@ -290,13 +290,12 @@ standing queue and stalls the growth.  A probe drops the limit to
 exchanges (within ``[FIRST_PROBE_SAMPLES, PROBE_SAMPLES]``), from which (and the last
 probes', above) it measures the new ``no_load``, then restores the limit.  Probes run
 first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how many
-a quarter would be), every
-``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a fleet does not probe at
-once), when the limit fell to ``FALL_TO_PROBE`` of its peak since the last probe in two
-windows in a row over the tolerance (at a quarter of the limit the second window
-measured, and below the concurrency its queue implies; one window alone can be a stall
-of our own process, whose probe would re-measure nothing and cost up to a second of
-the capacity: likely the real lab's probe at 40.5 s), and after
+a quarter would be), every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a
+fleet does not probe at once), when the limit fell to ``FALL_TO_PROBE`` of its peak since
+the last probe in two windows in a row over the tolerance (at a quarter of the limit the
+second window measured, and below the concurrency its queue implies; one window alone can
+be a stall of our own process, whose probe would re-measure nothing and cost up to a
+second of the capacity: likely the real lab's probe at 40.5 s), and after
 ``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
 good: the old ``no_load`` is obsolete), as Envoy does.
 
@@ -921,9 +920,9 @@ class Gradient:
         ``_centre`` of the pool, and returns the move's words.
         The pool is the probe's samples, after the last probes' if its own estimate
         agrees with ``no_load`` within ``POOL_AGREE`` and what leaves a window at the rest
-        of the change quiet (the last ``POOL_SAMPLES``).  A
-        clock too coarse to see some of the latencies (a 0) gives the median, as before,
-        and an empty pool (a log of 0 is none)."""
+        of the change quiet (the last ``POOL_SAMPLES``).  A clock too coarse to see some of
+        the latencies (a 0) gives the median, as before, and an empty pool (a log of 0 is
+        none)."""
         pool = self._pool
         if min(samples) <= 0:
             pool.clear()
@@ -972,11 +971,11 @@ class Gradient:
         that moves ``no_load``) for a window of ``n`` samples: its median and the probes'
         estimate, ``no_load`` (of ``_probe_n`` samples), are both uncertain, and
         ``SPREAD_Z`` standard errors of their ratio beyond what ``tolerance`` already allows
-        are noise, not a queue.  None
-        below ``TEST_SPREAD``: there the tolerance is the user's, and the headroom tests and
-        the rules for a lone noisy window deal with the noise (a margin there, from our own
-        stalls, let a slot of queue stand at 4 workers: phase 2's p99 from 5 s in 1.54x
-        against 1.44x in the model's loaded noise, seeds 1-30)."""
+        are noise, not a queue.  None below ``TEST_SPREAD``: there the tolerance is the
+        user's, and the headroom tests and the rules for a lone noisy window deal with the
+        noise (a margin there, from our own stalls, let a slot of queue stand at 4 workers:
+        phase 2's p99 from 5 s in 1.54x against 1.44x in the model's loaded noise, seeds
+        1-30)."""
         if self._spread is None or n < 1 or not self._wide:
             return 0.0
         se = MEDIAN_SE * self._spread * math.sqrt(1 / n + 1 / max(1, self._probe_n))
