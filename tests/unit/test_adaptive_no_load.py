@@ -17,10 +17,13 @@ from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import (
     CENTRE_BOUND,
     FIRST_PROBE_SAMPLES,
+    HOLD,
+    MIN_LIMIT_WINDOWS,
     POOL_AGREE,
     POOL_SAMPLES,
     PROBE_SAMPLES,
     TRIM,
+    WINDOW_SAMPLES,
     Gradient,
     _centre,
     _median,
@@ -191,3 +194,79 @@ def test_the_estimate_is_a_central_value_of_its_samples(
     rng.shuffle(shuffled)
     assert _centre(shuffled) == pytest.approx(estimate, rel=1e-12)
     assert _centre([value * 3 for value in values]) == pytest.approx(3 * estimate, rel=1e-9)
+
+
+def serial(gradient: Gradient, now: float, latencies: list[float]) -> float:
+    """Exchanges one after another (at one slot), each fed as it ends; returns the last end."""
+    for latency in latencies:
+        gradient.update(now + latency, now, latency, False, 1)
+        now += latency
+    return now
+
+
+def at_one(probe: float, **kwargs: object) -> tuple[Gradient, float]:
+    """A gradient at one slot whose first probe read ``probe`` for each exchange."""
+    spec = AdaptiveLimit(initial_limit=1, probe_interval=None, **kwargs)  # type: ignore[arg-type]
+    gradient = Gradient(spec, random.Random(3))
+    now = serial(gradient, 0.0, [probe] * FIRST_PROBE_SAMPLES)
+    assert gradient.no_load == probe and gradient.base == 1
+    gradient.moves.clear()
+    return gradient, now
+
+
+def test_windows_at_one_slot_refine_a_probe_that_read_low() -> None:
+    """At one slot no exchange of ours waits behind another: a window there measures what a
+    probe would.  A probe that read 7% low (within the tolerance: a wide spread's probe of 8
+    is often further off) is corrected by the windows that follow, pooled with it, in three
+    windows, without a probe; before, it held for ``MIN_LIMIT_WINDOWS`` windows, then a
+    probe re-measured it (one that, under a wide spread, could read low again)."""
+    gradient, now = at_one(0.093)
+    estimates = []
+    for _ in range(3):
+        now = serial(gradient, now, [0.1] * WINDOW_SAMPLES)
+        assert gradient.no_load is not None
+        estimates.append(gradient.no_load)
+    assert estimates[0] == pytest.approx(_centre([0.093] * 8 + [0.1] * 8))
+    assert estimates[0] < estimates[1] < estimates[2] == 0.1
+    assert gradient._probe_n == POOL_SAMPLES
+    assert not [move for move in gradient.moves if move[1] == "probe"], gradient.moves
+    # Now read as quiet, the windows grow the limit (after the hold).
+    for _ in range(HOLD + 1):
+        now = serial(gradient, now, [0.1] * max(WINDOW_SAMPLES, gradient.applied))
+    assert gradient.base > 1
+
+
+def test_a_window_at_one_slot_beyond_the_tolerance_is_left_to_the_probe() -> None:
+    """A dependency 1.5x slower for good: its windows at one slot are beyond the tolerance
+    and not pooled (one window would move the estimate halfway); after
+    ``MIN_LIMIT_WINDOWS`` of them, the probe measures the new latency, as before."""
+    gradient, now = at_one(0.1)
+    for _ in range(MIN_LIMIT_WINDOWS - 1):
+        now = serial(gradient, now, [0.15] * WINDOW_SAMPLES)
+        assert gradient.no_load == 0.1 and not gradient._probing
+    now = serial(gradient, now, [0.15] * WINDOW_SAMPLES)
+    assert gradient._probing
+    serial(gradient, now, [0.15] * FIRST_PROBE_SAMPLES)
+    assert gradient.no_load == 0.15
+
+
+def test_a_window_with_a_drop_or_a_latency_the_clock_missed_is_not_pooled() -> None:
+    gradient, now = at_one(0.093)
+    gradient.update(now + 1.0, now, 1.0, True, 1)  # a timeout
+    serial(gradient, now + 1.0, [0.1] * (WINDOW_SAMPLES - 1))
+    assert gradient.no_load == 0.093 and len(gradient._pool) == FIRST_PROBE_SAMPLES
+    gradient, now = at_one(0.093)
+    serial(gradient, now, [0.1] * (WINDOW_SAMPLES - 1) + [0.0])
+    assert gradient.no_load == 0.093 and len(gradient._pool) == FIRST_PROBE_SAMPLES
+
+
+def test_windows_at_a_min_limit_above_one_are_not_pooled() -> None:
+    """At two slots and more our own exchanges can queue behind each other (a dependency
+    of one worker): only probes measure there."""
+    spec = AdaptiveLimit(min_limit=2, initial_limit=2, probe_interval=None)
+    gradient = Gradient(spec, random.Random(3))
+    now = feed(gradient, 0.0, [0.093] * FIRST_PROBE_SAMPLES)
+    assert gradient.base == 2
+    for _ in range(3):
+        now = feed(gradient, now, [0.1] * WINDOW_SAMPLES)
+    assert gradient.no_load == 0.093 and len(gradient._pool) == FIRST_PROBE_SAMPLES
