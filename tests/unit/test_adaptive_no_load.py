@@ -278,7 +278,8 @@ def rotation(gradient: Gradient, until: float, latency: Callable[[], float]) -> 
     """Every slot in use, each end's slot taken again at once, the exchanges fed in the order
     they end (as a transport feeds them) until ``until``; returns the ``no_load`` of each
     periodic probe that ended."""
-    now, running, estimates = 0.0, [], []
+    now, estimates = 0.0, []
+    running: list[tuple[float, float, float]] = []  # (end, start, latency), a heap
     while now < until:
         while len(running) < gradient.applied:
             heapq.heappush(running, (now + (took := latency()), now, took))
