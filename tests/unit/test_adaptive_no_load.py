@@ -230,7 +230,7 @@ def test_windows_at_one_slot_refine_a_probe_that_read_low() -> None:
         estimates.append(gradient.no_load)
     assert estimates[0] == pytest.approx(_centre([0.093] * 8 + [0.1] * 8))
     assert estimates[0] < estimates[1] < estimates[2] == 0.1
-    assert gradient._probe_n == POOL_SAMPLES
+    assert len(gradient._pool) == POOL_SAMPLES and gradient._probe_n == FIRST_PROBE_SAMPLES
     assert not [move for move in gradient.moves if move[1] == "probe"], gradient.moves
     # Now read as quiet, the windows grow the limit (after the hold).
     for _ in range(HOLD + 1):
