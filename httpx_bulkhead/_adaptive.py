@@ -394,7 +394,7 @@ WINDOW_SAMPLES = 8
 #: least): its exchanges end in time order, and a window shorter than a round of the limit
 #: closes on the quickest of those in flight.  Capped at 16 samples, periodic probes at
 #: 16-21 slots (limits of 64-84) read the no-load latency 4% low at a lognormal spread of
-#: sigma 0.25 and 12% low at 0.5 in the model; four rounds read it within 2%.
+#: sigma 0.25 and 12% low at 0.5 in the model; four rounds, with ``EXPOSURE``, within 1%.
 PROBE_ROUNDS = 4
 #: Under a wide spread, a probe's estimate is of its exchanges that started this many
 #: medians before its end, if there are ``FIRST_PROBE_SAMPLES`` of them: of those, only the
@@ -415,8 +415,8 @@ POOL_AGREE = 0.06
 TRIM = 0.125
 #: ... and is their median when further from it than this share.
 CENTRE_BOUND = 0.05
-#: Fewest samples in a probe window (a probe at one slot, as the first is by default,
-#: would take 4 round trips for 4).
+#: Fewest samples in a probe window (at one slot, as the first probe is by default,
+#: ``PROBE_ROUNDS`` rounds are 4 samples: too few for an estimate).
 FIRST_PROBE_SAMPLES = 8
 #: A probe runs at ``limit * PROBE_FRACTION`` (at least ``min_limit``).
 PROBE_FRACTION = 0.25
@@ -695,7 +695,8 @@ class Gradient:
         #: The log latencies of the last windows, each less its window's median.
         self._deviations: deque[float] = deque(maxlen=SPREAD_SAMPLES)
         self._spread: float | None = None  # their spread (see ``_margin``)
-        self._probe_n = 0  # the samples behind ``no_load`` (the pool's, see ``_estimate``)
+        #: The samples behind ``no_load``: the last probe's and those pooled with them.
+        self._probe_n = 0
         self._pool: deque[float] = deque(maxlen=POOL_SAMPLES)
         self._wide = False  # a spread too wide for the headroom tests
         self._drops = 0
@@ -975,10 +976,10 @@ class Gradient:
         ``_centre`` of the probe's samples and the pool's last, and returns the move's
         words.  The pool is the probe's samples, after the last probes' if its own estimate
         agrees with ``no_load`` within ``POOL_AGREE`` and what leaves a window at the rest
-        of the change quiet (the last ``POOL_SAMPLES``; a probe of more counts whole, alone:
-        its last ones alone are those that end last).  A clock too coarse to see some of
-        the latencies (a 0) gives the median, as before, and an empty pool (a log of 0 is
-        none)."""
+        of the change quiet (the last ``POOL_SAMPLES``; a probe of that many or more counts
+        alone and whole: the last of its exchanges to end are its slowest).  A clock too
+        coarse to see some of the latencies (a 0) gives the median, as before, and an empty
+        pool (a log of 0 is none)."""
         pool = self._pool
         if min(samples) <= 0:
             pool.clear()
