@@ -43,6 +43,7 @@ import httpx
 from ._config import Policy
 from ._exceptions import AcquireTimeout
 from ._fleet import FleetLimiter, Lease
+from ._limiter import Waiter
 from ._slots import Slots
 from ._stats import CANCELLED, FAILED, Outcome
 from ._timers import Timers
@@ -86,9 +87,10 @@ class FleetSlots(Slots):
         self.leases.append(lease)
         return clock() - started
 
-    def release(self, outcome: Outcome) -> None:
-        """Give back a lease and the slot (exactly once per successful ``acquire``)."""
+    def give_back(self, outcome: Outcome) -> Waiter | None:
+        """Give back a lease and the slot (exactly once per successful ``acquire``); the
+        waiter granted the slot is returned, to wake (``Slots.give_back``)."""
         leases = self.leases
         if leases:
             leases.pop().release()
-        super().release(outcome)
+        return super().give_back(outcome)

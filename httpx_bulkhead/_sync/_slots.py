@@ -85,8 +85,17 @@ class Slots:
 
     def release(self, outcome: Outcome) -> None:
         """Give the slot back (exactly once per successful ``acquire``)."""
+        waiter = self.give_back(outcome)
+        if waiter is not None:
+            waiter.wake()
+
+    def give_back(self, outcome: Outcome) -> Waiter | None:
+        """``release`` without the wake (``Limiter.give_back``): returns the waiter granted
+        the slot, for the caller to wake once it has recorded the slot as given back.  No
+        call after the slot's return: an interrupt lands before it or after this returns."""
+        waiter = self.limiter.give_back()
         self.outcomes[outcome] += 1
-        self.limiter.release()
+        return waiter
 
     def _timed_out(self, request: httpx.Request) -> NoReturn:
         self.timeouts += 1
