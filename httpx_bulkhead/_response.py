@@ -172,13 +172,13 @@ class ResponseStream(httpx.AsyncByteStream):
                 return None
             handed.append(True)
             closing = None
-            try:
-                if compartment.adaptive is not None:  # (no sample: it frees a slot all the same)
-                    compartment.adaptive.unfed()
-            finally:
-                if ended:
-                    compartment.slots.release(CANCELLED)
-                else:
+            if ended:  # its exchange ended (and was fed): only the slot is owed
+                compartment.slots.release(CANCELLED)
+            else:
+                try:
+                    if compartment.adaptive is not None:  # (no sample: it frees a slot anyway)
+                        compartment.adaptive.unfed()
+                finally:
                     closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
             if watch is not None:
                 watch.release()

@@ -170,9 +170,21 @@ class Compartment:
                 if sent_on is not None:  # interrupted between ``send`` and the hand-over
                     self._end(*sent_on, exc)
             finally:
-                self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
-                if watch is not None:
-                    watch.release()
+                # ``Slots.give_back`` takes the slot back in one step or not at all: a
+                # second interrupt landing before it did is followed by another try.
+                waiter = None
+                try:
+                    waiter = self.slots.give_back(
+                        FAILED if isinstance(exc, Exception) else CANCELLED
+                    )
+                except BaseException:
+                    waiter = self.slots.give_back(CANCELLED)
+                    raise
+                finally:
+                    if waiter is not None:
+                        waiter.wake()
+                    if watch is not None:
+                        watch.release()
             raise
         if self.adaptive is not None:  # the sample: from sent (after our queues) to the head
             stream.adaptive_sample = (sent, self._clock() - sent, head.status)
