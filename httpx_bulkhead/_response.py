@@ -209,11 +209,11 @@ class ResponseStream(httpx.AsyncByteStream):
         if self._finished:
             return
         self._finished = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         connections = self._compartment.connections
         try:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             await connections.end_exchange(self._lease, self._exchange, exc)
         except BaseException:
             await connections.reclaim(self._lease, self._exchange)  # (if cut short)

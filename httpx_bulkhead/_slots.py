@@ -4,8 +4,10 @@
 and keeps the counters of how slots were used (acquire waits, outcomes, timeouts).
 
 Slot accounting: a request that leaves ``acquire()`` owns one slot and must give it back
-exactly once, through ``release()``, whatever happens (``Compartment.handle`` and the
-response stream do that in ``finally``/``except`` blocks).
+exactly once, through ``release()`` or ``give_back()``, whatever happens
+(``Compartment.handle`` and the response stream do that in ``finally``/``except`` blocks;
+``give_back`` is one step an interrupt lands before or after, never inside, so they can
+tell whether it happened: see ``_response.py``).
 """
 
 from __future__ import annotations

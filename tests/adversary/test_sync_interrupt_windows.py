@@ -27,19 +27,20 @@ import httpx
 import pytest
 
 from httpx_bulkhead import BulkheadHTTPTransport, Policy
-from tests.servers import RawServer, keepalive_ok
+from tests.servers import RawServer, garbage_status_line, keepalive_ok
 
 from .test_sync_interrupts import Interrupt
 
 
 @dataclass(frozen=True)
 class Window:
-    """Where the interrupt lands: the start of ``function`` (``c_call=None``) or the
-    return of the C call ``c_call`` made by ``function``, in a module whose file name
-    ends with ``module``, while a frame of ``within`` is on the stack (``""``: anywhere)."""
+    """Where the interrupt lands: the start of a function named ``function`` (``|``
+    between names the step has had; ``None``: any) or the return of the C call ``c_call``
+    made by it, in a module whose file name ends with ``module``, while a frame of
+    ``within`` is on the stack (``""``: anywhere)."""
 
     module: str
-    function: str | None  # None: any function of the module
+    function: str | None
     within: str
     c_call: str | None = None
 
@@ -47,7 +48,7 @@ class Window:
         code = frame.f_code
         if not code.co_filename.endswith(self.module):
             return False
-        if self.function is not None and code.co_name != self.function:
+        if self.function is not None and code.co_name not in self.function.split("|"):
             return False
         if self.c_call is None:
             if event != "call":
@@ -167,3 +168,18 @@ def test_an_interrupt_in_the_hand_over_of_a_collected_response_keeps_nothing(
     assert interrupted(window, drop), "the collector did not free the response"
     drain_timers(transport)
     assert_at_rest(client, transport, url)
+
+
+def test_an_interrupt_as_a_failed_requests_slot_goes_back_keeps_nothing() -> None:
+    """A request that failed (a garbled status line: ``RemoteProtocolError``) gives its
+    slot back in ``Compartment.handle``'s cleanup; an interrupt landing as it starts to
+    (before: ``Slots.release``; now: ``Slots.give_back``, tried again) kept the slot."""
+    transport = BulkheadHTTPTransport(default=Policy(max_concurrency=2, max_connections=2))
+    client = httpx.Client(transport=transport, timeout=5)
+    window = Window("_slots.py", "release|give_back", "handle")
+    with RawServer(garbage_status_line()) as srv:
+        assert interrupted(window, lambda: client.get(srv.url)), f"never reached {window}"
+        [stats] = transport.statistics().values()
+        assert (stats.running, stats.waiting, stats.in_use_connections) == (0, 0, 0), stats
+        assert stats.acquired == stats.completed + stats.failed + stats.cancelled, stats
+    client.close()
