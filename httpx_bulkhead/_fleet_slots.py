@@ -87,6 +87,13 @@ class FleetSlots(Slots):
         self.leases.append(lease)
         return clock() - started
 
+    def release(self, outcome: Outcome) -> None:
+        """Give back a lease and the slot (exactly once per successful ``acquire``)."""
+        leases = self.leases
+        if leases:
+            leases.pop().release()
+        super().release(outcome)
+
     def give_back(self, outcome: Outcome) -> Waiter | None:
         """Give back a lease and the slot (exactly once per successful ``acquire``); the
         waiter granted the slot is returned, to wake (``Slots.give_back``)."""
