@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
 import math
 import random
 import statistics
@@ -30,6 +29,7 @@ import pytest
 
 from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import MEDIAN_SE, PROBE_ROUNDS, Gradient, _centre
+from tests.unit.test_adaptive_no_load import closed_loop
 
 Draw = Callable[[random.Random], float]
 
@@ -54,19 +54,16 @@ def probe_once(limit: int, draw: Draw, seed: int, windows: int = 0) -> tuple[Gra
     spec = AdaptiveLimit(initial_limit=limit, max_limit=limit, probe_interval=None, tolerance=3.0)
     gradient = Gradient(spec, random.Random(seed))
     gradient._probing, gradient.limit, gradient.no_load = False, float(limit), 0.1
-    now, ends, begun, fed, seconds = 0.0, 0, -1.0, 0, 0.0
-    running: list[tuple[float, float, float]] = []
-    while True:
-        while len(running) < gradient.applied:
-            heapq.heappush(running, (now + (took := draw(rng)), now, took))
-        now, started, took = heapq.heappop(running)
-        ends += 1
+    begun, fed, seconds = -1.0, 0, 0.0
+    for ends, (now, started, took, inflight) in enumerate(
+        closed_loop(gradient, lambda: draw(rng)), 1
+    ):
         if begun < 0 and ends >= 3 * limit + 8:  # (three rounds: the spread is measured)
             gradient._pool.clear()
             gradient._start_probe(now, "periodic")
             begun = now
         probing, gathered = gradient._probing, len(gradient._samples)
-        gradient.update(now, started, took, False, len(running) + 1)
+        gradient.update(now, started, took, False, inflight)
         fed += begun >= 0 and not seconds
         if begun >= 0 and probing and not gradient._probing:
             if not windows:
@@ -78,6 +75,7 @@ def probe_once(limit: int, draw: Draw, seed: int, windows: int = 0) -> tuple[Gra
             windows -= 1
             if not windows:
                 return gradient, seconds, fed
+    raise AssertionError("unreachable: the loop is endless")
 
 
 @functools.cache

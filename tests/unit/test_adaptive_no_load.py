@@ -8,7 +8,7 @@ import heapq
 import math
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -274,21 +274,33 @@ def test_windows_at_a_min_limit_above_one_are_not_pooled() -> None:
     assert gradient.no_load == 0.093 and len(gradient._pool) == FIRST_PROBE_SAMPLES
 
 
-def rotation(gradient: Gradient, until: float, latency: Callable[[], float]) -> list[float]:
-    """Every slot in use, each end's slot taken again at once, the exchanges fed in the order
-    they end (as a transport feeds them) until ``until``; returns the ``no_load`` of each
-    periodic probe that ended."""
-    now, estimates = 0.0, []
+def closed_loop(
+    gradient: Gradient, latency: Callable[[], float]
+) -> Iterator[tuple[float, float, float, int]]:
+    """A steady rotation without a queue: every slot of ``gradient.applied`` in use, each
+    end's slot taken again at once.  Yields each exchange in the order they end (as a
+    transport feeds them), ``(end, start, latency, in flight)``, for the caller to feed."""
+    now = 0.0
     running: list[tuple[float, float, float]] = []  # (end, start, latency), a heap
-    while now < until:
+    while True:
         while len(running) < gradient.applied:
             heapq.heappush(running, (now + (took := latency()), now, took))
         now, started, took = heapq.heappop(running)
+        yield now, started, took, len(running) + 1
+
+
+def rotation(gradient: Gradient, until: float, latency: Callable[[], float]) -> list[float]:
+    """A ``closed_loop`` fed until ``until``; returns the ``no_load`` of each periodic probe
+    that ended."""
+    estimates = []
+    for now, started, took, inflight in closed_loop(gradient, latency):
         probing = gradient._probing
-        gradient.update(now, started, took, False, len(running) + 1)
+        gradient.update(now, started, took, False, inflight)
         if probing and not gradient._probing and gradient.no_load is not None:
             estimates.append(gradient.no_load)
-    return estimates
+        if now >= until:
+            return estimates
+    raise AssertionError("unreachable: the loop is endless")
 
 
 @pytest.mark.parametrize("sigma", [0.25, 0.5])
