@@ -137,26 +137,36 @@ class Connections(ConnectionListener):
             if epoch != self.pool.epoch:  # another loop took the transport over meanwhile
                 raise TransportClosed(LOOP_LEFT, request=request)
             grant, to_close = self.pool.checkout(origin, self._clock(), fresh=fresh)
-            if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
-                await self._close_all(to_close)
-            if grant is None:
-                started = self._clock()
-                grant = await self._wait_for_connection(request, origin, acquire_deadline)
-                waited += self._clock() - started
-            if isinstance(grant, PoolEntry):
-                if grant.active == 1:  # idle until now: check before sending on it
-                    try:
+            try:  # (``grant`` is ours until returned, handed to ``_dial`` or given back)
+                if to_close or self.pool.next_due < self._sweep_at:  # (else it does nothing)
+                    await self._close_all(to_close)
+                if grant is None:
+                    started = self._clock()
+                    grant = await self._wait_for_connection(request, origin, acquire_deadline)
+                    waited += self._clock() - started
+                if isinstance(grant, PoolEntry):
+                    if grant.active == 1:  # idle until now: check before sending on it
                         verdict = await grant.conn.check_reusable()
-                    except BaseException:
-                        await self._close_all(
-                            self.pool.release(grant, self._clock(), reusable=True)
-                        )
-                        raise
-                    if verdict is not None:
-                        await self._close_all(self.pool.discard(grant, DISCARDS[verdict]))
-                        continue
-                return grant, waited
+                        if verdict is not None:
+                            to_close = self.pool.discard(grant, DISCARDS[verdict])
+                            grant = None
+                            await self._close_all(to_close)
+                            continue
+                    return grant, waited
+            except BaseException:
+                if grant is not None:  # (an interrupt, or the reuse check failed)
+                    await self._give_back(grant, origin, epoch)
+                raise
             return await self._dial(request, origin, connect_timeout, timeouts, epoch), waited
+
+    async def _give_back(self, grant: Grant, origin: Origin, epoch: int) -> None:
+        """Return a grant that will not be used: a connection as it was, or a dial's place."""
+        if isinstance(grant, PoolEntry):
+            to_close = self.pool.release(grant, self._clock(), reusable=True)
+        else:
+            to_close = self.pool.dial_failed(origin, epoch=epoch)
+        with anyio.CancelScope(shield=True):
+            await self._close_all(to_close)
 
     async def _dial(
         self,
@@ -246,7 +256,13 @@ class Connections(ConnectionListener):
         self, lease: Lease, exchange: Exchange, exc: BaseException | None
     ) -> None:
         """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``.  The
-        connection is pooled, kept (an HTTP/2 stream was reset) or closed."""
+        connection is pooled, kept (an HTTP/2 stream was reset) or closed.
+
+        Cut short before the pool's answer (a cancellation at the trace callback's await;
+        in the sync shell, an interrupt landing anywhere up to that answer, this method's
+        first step included), the exchange still holds its connection: a caller that sees
+        this raise calls ``reclaim``.  ``exchange.settled`` is set in the step right after
+        the pool's answer (no call in between: no interrupt lands there)."""
         tracer = exchange.tracer
         if tracer is not None:  # "{operation}.failed", "response_closed.started"
             await tracer.closing(exc, early=isinstance(exc, ClosedEarly))
@@ -263,6 +279,7 @@ class Connections(ConnectionListener):
                 to_close = self.pool.release(lease, self._clock(), reusable=True)
             else:
                 to_close = self.pool.discard(lease, DISCARDS[verdict])
+        exchange.settled = True
         # Both calls do nothing (and never yield) when there is nothing to close or arm:
         # the common case is not charged two coroutines per request.
         if to_close or self.pool.next_due < self._sweep_at:
@@ -271,6 +288,28 @@ class Connections(ConnectionListener):
             await self._close_pending()
         if tracer is not None:
             await tracer.closed()
+
+    async def reclaim(self, lease: Lease, exchange: Exchange) -> None:
+        """Take back the connection of an exchange whose end was cut short before the
+        pool's answer (``end_exchange``; nothing to do if it was not): discarded
+        (``UNKNOWN_STATE``) whatever the pool had done of the release, and closed
+        (shielded: the caller is being cancelled).  Were it left, the pool would count it
+        in use for ever.  (An HTTP/2 connection goes too, with the streams it carries: it
+        takes two interrupts within microseconds of each other to get here.)"""
+        if exchange.settled:
+            return
+        exchange.settled = True
+        to_close = self.pool.discard(lease, Discard.UNKNOWN_STATE)
+        with anyio.CancelScope(shield=True):
+            await self._close_all(to_close)
+
+    async def unused(self, lease: Lease) -> None:
+        """Give back a connection checked out for an exchange that never began (an
+        interrupt landed between the checkout's answer and the exchange's start)."""
+        to_close = self.pool.release(lease, self._clock(), reusable=True)
+        if to_close or self.pool.next_due < self._sweep_at:
+            with anyio.CancelScope(shield=True):
+                await self._close_all(to_close)
 
     def end_abandoned(
         self, lease: Lease, exchange: Exchange, exc: BaseException
@@ -284,6 +323,7 @@ class Connections(ConnectionListener):
             to_close = self.pool.release(lease, self._clock(), reusable=True)
         else:
             to_close = self.pool.discard(lease, DISCARDS[verdict])
+        exchange.settled = True
         closing = self._forget(to_close)
         if verdict is None:  # an HTTP/2 stream was reset: send the frame
             return self._send_reset(lease, exchange, exc, closing)

@@ -120,7 +120,12 @@ class LoopLock:
             return fn(*args)
         finally:
             _local.lock = previous
-            self._give_back()
+            # Inline, not a method of ours: an interrupt landing as a Python function starts
+            # would keep the lock for ever (here it lands only once the C call returned).
+            try:  # noqa: SIM105 - contextlib.suppress is Python code too
+                lock.release()
+            except RuntimeError:  # not ours: interrupted before or while taking it
+                pass
 
     def try_run(self, fn: Callable[[], T], timeout: float) -> tuple[bool, T | None]:
         """Like ``run``, giving up after ``timeout`` seconds: ``(False, None)``."""
@@ -135,21 +140,16 @@ class LoopLock:
             return True, fn()
         finally:
             _local.lock = previous
-            self._give_back()
+            try:  # noqa: SIM105 - inline, as in ``run``
+                lock.release()
+            except RuntimeError:
+                pass
 
     def acquire(self) -> None:
         self._lock.acquire()
 
     def release(self) -> None:
         self._lock.release()
-
-    def _give_back(self) -> None:
-        """Release if held (one call: an interrupt after it finds the lock given back)."""
-        # Not contextlib.suppress: its __enter__ is Python code an interrupt can land in.
-        try:  # noqa: SIM105
-            self._lock.release()
-        except RuntimeError:  # not ours: interrupted before or while taking it
-            pass
 
 
 def _held() -> LoopLock | None:

@@ -201,6 +201,9 @@ class Exchange(Protocol):
     wrote_any: bool
     #: Trace events of this exchange (set by ``send_request`` when the request is traced).
     tracer: Tracer | None
+    #: The pool has had the exchange's end (set by ``Connections`` in the step right after
+    #: the pool's answer): until then the exchange holds its connection (``reclaim``).
+    settled: bool
 
     def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None

@@ -803,6 +803,7 @@ class H2Stream(_Sleeper):
         "remote_ended",
         "reused",
         "sent_end",
+        "settled",
         "status",
         "stream_id",
         "tracer",
@@ -818,6 +819,7 @@ class H2Stream(_Sleeper):
         self.received_any = False
         self.wrote_any = False
         self.tracer: Tracer | None = None  # when the request is traced
+        self.settled = False  # the pool has had its end (``Exchange``)
         self.live = False  # h2 has it open (it is in ``conn._streams``)
         self.sent_end = False  # we sent END_STREAM
         self.remote_ended = False  # the server sent END_STREAM
