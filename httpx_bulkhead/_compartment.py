@@ -233,8 +233,8 @@ class Compartment:
         connections = self.connections
         try:
             await connections.end_exchange(lease, exchange, exc)
-        except BaseException:
-            await connections.reclaim(lease, exchange)
+        except BaseException as cut:
+            await connections.reclaim(lease, exchange, cut)
             raise
 
     def end_abandoned(

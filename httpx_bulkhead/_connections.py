@@ -258,23 +258,26 @@ class Connections(ConnectionListener):
         """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``.  The
         connection is pooled, kept (an HTTP/2 stream was reset) or closed.
 
-        Cut short before the pool's answer (a cancellation at the trace callback's await;
-        in the sync shell, an interrupt landing anywhere up to that answer, this method's
-        first step included), the exchange still holds its connection: a caller that sees
-        this raise calls ``reclaim``.  ``exchange.settled`` is set in the step right after
-        the pool's answer (no call in between: no interrupt lands there)."""
+        Cut short before the pool's answer (in the sync shell, an interrupt landing
+        anywhere up to that answer, this method's first step included; a cancellation the
+        shields cannot hold off, in ``abandon``'s write), the exchange still holds its
+        connection: a caller that sees this raise calls ``reclaim``.  ``exchange.releasing``
+        is set in the step right before the pool's call and ``exchange.settled`` in the
+        step right after its answer (no call in between: no interrupt lands there)."""
         tracer = exchange.tracer
         if tracer is not None:  # "{operation}.failed", "response_closed.started"
             await tracer.closing(exc, early=isinstance(exc, ClosedEarly))
         if exc is None:
             reusable, keep_alive = exchange.completed()
             reusable = reusable and not self.closed
+            exchange.releasing = True
             to_close = self.pool.release(
                 lease, self._clock(), reusable=reusable, keep_alive=keep_alive
             )
         else:
             with anyio.CancelScope(shield=True):
                 verdict = await exchange.abandon(exc)
+            exchange.releasing = True
             if verdict is None:
                 to_close = self.pool.release(lease, self._clock(), reusable=True)
             else:
@@ -289,19 +292,30 @@ class Connections(ConnectionListener):
         if tracer is not None:
             await tracer.closed()
 
-    async def reclaim(self, lease: Lease, exchange: Exchange) -> None:
-        """Take back the connection of an exchange whose end was cut short before the
-        pool's answer (``end_exchange``; nothing to do if it was not): discarded
-        (``UNKNOWN_STATE``) whatever the pool had done of the release, and closed
-        (shielded: the caller is being cancelled).  Were it left, the pool would count it
-        in use for ever.  (An HTTP/2 connection goes too, with the streams it carries: it
-        takes two interrupts within microseconds of each other to get here.)"""
+    async def reclaim(self, lease: Lease, exchange: Exchange, cut: BaseException) -> None:
+        """Take back the connection of an exchange whose end ``cut`` cut short before the
+        pool's answer (``end_exchange``; nothing to do if it was not).  Were it left, the
+        pool would count it in use for ever.
+
+        It is ended as ``end_abandoned`` ends one: an HTTP/2 stream is reset and its
+        connection stays, with the other streams it carries, unless it is broken (a write
+        left part-way breaks it: ``HTTP2Connection.flush``); an HTTP/1.1 connection is
+        closed.  Cut short inside the pool's answer (``exchange.releasing``), the pool's
+        record of the connection is unknown: it is discarded (``UNKNOWN_STATE``) whatever
+        the pool had done of the release, with the streams it carries.  Closes and the
+        reset are shielded (the caller is being cancelled)."""
         if exchange.settled:
             return
+        verdict = Verdict.UNKNOWN_STATE if exchange.releasing else exchange.cut(cut)
+        if verdict is None:
+            to_close = self.pool.release(lease, self._clock(), reusable=True)
+        else:
+            to_close = self.pool.discard(lease, DISCARDS[verdict])
         exchange.settled = True
-        to_close = self.pool.discard(lease, Discard.UNKNOWN_STATE)
         with anyio.CancelScope(shield=True):
             await self._close_all(to_close)
+            if verdict is None:  # an HTTP/2 stream was reset: send the frame
+                await self._send_reset(lease, exchange, cut, None)
 
     async def unused(self, lease: Lease) -> None:
         """Give back a connection checked out for an exchange that never began (an
@@ -338,8 +352,16 @@ class Connections(ConnectionListener):
     ) -> None:
         if closing is not None:
             await closing
-        with anyio.CancelScope(shield=True):
-            verdict = await exchange.abandon(exc)  # sends what ``cut`` queued
+        try:
+            with anyio.CancelScope(shield=True):
+                verdict = await exchange.abandon(exc)  # sends what ``cut`` queued
+        except BaseException:
+            # Cut short itself (an interrupt): the write broke the connection if it left a
+            # frame part-way, and the protocol says so.
+            verdict = exchange.cut(exc)
+            if verdict is not None:
+                await self._close_all(self.pool.discard(lease, DISCARDS[verdict]))
+            raise
         if verdict is not None:  # it could not be sent: the connection broke
             await self._close_all(self.pool.discard(lease, DISCARDS[verdict]))
 

@@ -215,8 +215,8 @@ class ResponseStream(httpx.AsyncByteStream):
                 self._timer.cancel()
                 self._timer = None
             await connections.end_exchange(self._lease, self._exchange, exc)
-        except BaseException:
-            await connections.reclaim(self._lease, self._exchange)  # (if cut short)
+        except BaseException as cut:
+            await connections.reclaim(self._lease, self._exchange, cut)  # (if cut short)
             raise
         finally:
             if exc is None:

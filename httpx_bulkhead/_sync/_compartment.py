@@ -224,8 +224,8 @@ class Compartment:
         connections = self.connections
         try:
             connections.end_exchange(lease, exchange, exc)
-        except BaseException:
-            connections.reclaim(lease, exchange)
+        except BaseException as cut:
+            connections.reclaim(lease, exchange, cut)
             raise
 
     def end_abandoned(

@@ -70,6 +70,7 @@ class HTTP11Connection:
         "origin",
         "proxy",
         "received_any",
+        "releasing",
         "reused",
         "settled",
         "tracer",
@@ -90,6 +91,7 @@ class HTTP11Connection:
         self.network_stream = NetworkStream(stream)  # the response extension
         self.tracer: Tracer | None = None  # the current exchange's, when it is traced
         self.settled = True  # the pool has had the current exchange's end (``Exchange``)
+        self.releasing = False  # its answer was asked for (``Exchange``)
         #: The proxy this connection goes through (its credential-free URL), or ``None``.
         self.proxy: str | None = None
         #: Set when the connection is to an HTTP proxy that *forwards* each request (an
@@ -102,6 +104,7 @@ class HTTP11Connection:
     def start_exchange(self, reused: bool) -> HTTP11Connection:
         self.reused = reused
         self.received_any = self.wrote_any = self._reusable = self.settled = False
+        self.releasing = False
         self._head_bytes = 0
         return self
 

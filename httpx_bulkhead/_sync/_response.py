@@ -217,8 +217,8 @@ class ResponseStream(httpx.SyncByteStream):
                 self._timer.cancel()
                 self._timer = None
             connections.end_exchange(self._lease, self._exchange, exc)
-        except BaseException:
-            connections.reclaim(self._lease, self._exchange)  # (if cut short)
+        except BaseException as cut:
+            connections.reclaim(self._lease, self._exchange, cut)  # (if cut short)
             raise
         finally:
             if exc is None:

@@ -50,12 +50,6 @@ from .test_sync_interrupt_windows import Window, interrupted
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 11: a native asyncio cancellation pierces the shield of Tracer.closing; "
-    "Connections.reclaim then discards the HTTP/2 connection (UNKNOWN_STATE) and the "
-    "sibling stream on it fails",
-)
 async def test_a_native_cancel_in_a_close_trace_spares_the_sibling_h2_stream(
     anyio_backend: str,
 ) -> None:
@@ -253,12 +247,6 @@ async def test_a_close_while_the_reader_ends_the_exchange_leaves_the_slot_to_it(
             assert (s.running, s.completed, s.cancelled) == (0, 1, 0), s
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 11: in the sync shell one interrupt landing as Connections.end_exchange "
-    "starts (not two, as reclaim's docstring says) has reclaim discard the HTTP/2 "
-    "connection, and another thread's stream on it fails (before the merge: it leaked)",
-)
 def test_one_interrupt_at_an_h2_exchanges_end_spares_the_other_threads_stream() -> None:
     with h2script.serve() as srv:
         transport = BulkheadHTTPTransport(

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from httpx_bulkhead import BulkheadHTTPTransport, Policy
-from tests.servers import RawServer, garbage_status_line, keepalive_ok
+from tests.servers import RawServer, garbage_status_line, h2script, keepalive_ok
 
 from .test_sync_interrupts import Interrupt
 
@@ -80,18 +80,28 @@ class Landing:
             raise Interrupt
 
 
-def interrupted(window: Window, action: Callable[[], object]) -> bool:
+def interrupted(window: Window, action: Callable[[], object], then: Window | None = None) -> bool:
     """Run ``action`` with an interrupt landing at ``window``; true if it landed (the
-    action then raised ``Interrupt``, unless a cleanup step swallowed it)."""
+    action then raised ``Interrupt``, unless a cleanup step swallowed it).  ``then``: a
+    second interrupt, landing there after the first; true if both landed.  (CPython unsets
+    a hook that raises: the first then lands through the trace function, at a function's
+    start, and the second through the profile function.)"""
     landing = Landing(window)
-    sys.setprofile(landing)
+    second = None if then is None else Landing(then)
+    if second is None:
+        sys.setprofile(landing)
+    else:
+        assert window.c_call is None, "the trace function sees no C call"
+        sys.setprofile(second)
+        sys.settrace(landing)
     try:
         action()
     except Interrupt:
         assert landing.landed.is_set()
     finally:
+        sys.settrace(None)
         sys.setprofile(None)
-    return landing.landed.is_set()
+    return landing.landed.is_set() and (second is None or second.landed.is_set())
 
 
 def drain_timers(transport: BulkheadHTTPTransport) -> None:
@@ -183,3 +193,94 @@ def test_an_interrupt_as_a_failed_requests_slot_goes_back_keeps_nothing() -> Non
         assert (stats.running, stats.waiting, stats.in_use_connections) == (0, 0, 0), stats
         assert stats.acquired == stats.completed + stats.failed + stats.cancelled, stats
     client.close()
+
+
+# -- HTTP/2: the stream cut is reset, its connection and the other streams on it stay -----
+#
+# ``Connections.reclaim`` ends a multiplexed exchange as ``end_abandoned`` does; the
+# connection goes only when its state is unknown: a write of the reset (or of anything)
+# cut part-way, which ``HTTP2Connection.flush`` knows and says by breaking it.
+
+#: The reset's write: ``sock.send`` has returned, how much it took is not recorded yet.
+RESET_WRITE = {
+    "end_exchange": Window("_blocking.py", "_sendall", "end_exchange", c_call="send"),
+    "reclaim": Window("_blocking.py", "_sendall", "reclaim", c_call="send"),
+}
+
+
+def _h2_held_sibling(
+    srv: h2script.H2ScriptServer,
+) -> tuple[httpx.Client, BulkheadHTTPTransport, list[object], threading.Thread]:
+    """One HTTP/2 connection carrying another thread's POST, held by the server on
+    ``"b"``; its outcome (status or exception) goes to the list once released."""
+    transport = BulkheadHTTPTransport(default=Policy(max_connections=1), http1=False, http2=True)
+    client = httpx.Client(transport=transport, timeout=10)
+    assert client.get(f"{srv.url}/").status_code == 200  # one connection
+    outcome: list[object] = []
+
+    def sibling() -> None:
+        try:
+            outcome.append(client.post(f"{srv.url}/hold/b", content=b"once").status_code)
+        except httpx.HTTPError as exc:
+            outcome.append(exc)
+
+    other = threading.Thread(target=sibling)
+    other.start()
+    srv.wait_held("b")
+    return client, transport, outcome, other
+
+
+def _unread(client: httpx.Client, url: str) -> httpx.Response:
+    """A response whose body is far from read (the server waits for window): closing it
+    resets its stream."""
+    response = client.send(client.build_request("GET", f"{url}/bytes/1000000"), stream=True)
+    assert next(response.iter_raw())
+    return response
+
+
+def test_one_interrupt_as_an_unread_h2_streams_end_starts_resets_that_stream_alone() -> None:
+    """Landing as ``end_exchange`` starts, before the reset is even queued: ``reclaim``
+    queues and sends it; the connection and the other thread's stream stay."""
+    with h2script.serve() as srv:
+        client, transport, outcome, other = _h2_held_sibling(srv)
+        response = _unread(client, srv.url)
+        window = Window("", "end_exchange", "_finish")
+        assert interrupted(window, response.close), f"never reached {window}"
+        srv.wait_until(lambda: len(srv.client_resets) == 1, what="the stream's reset")
+        srv.release("b")
+        other.join(10)
+        assert outcome == [200], outcome
+        assert client.get(f"{srv.url}/").status_code == 200
+        s = transport.statistics()[srv.url]
+        assert (s.running, s.in_use_connections, s.connections_created) == (0, 0, 1), s
+        assert s.acquired == s.completed + s.failed + s.cancelled, s
+        client.close()
+
+
+@pytest.mark.parametrize("where", RESET_WRITE.keys())
+def test_an_interrupt_in_an_h2_resets_write_discards_the_connection(where: str) -> None:
+    """The reset's write cut after ``sock.send`` returned: how much of the frame went out
+    is unknown (the project's rule: unknown state, discard), so the connection is closed
+    and the other thread's stream fails with it, as on any broken connection; nothing is
+    kept and the next request gets a new connection.  Kept before (the pool's answer
+    came after the write, which no one knew was cut): ``connections_created`` stayed 1.
+    In ``end_exchange``: one interrupt; in ``reclaim``: a second one, the first landing
+    as ``end_exchange`` starts."""
+    with h2script.serve() as srv:
+        client, transport, outcome, other = _h2_held_sibling(srv)
+        response = _unread(client, srv.url)
+        if where == "reclaim":  # a first interrupt as end_exchange starts, then this one
+            first = Window("", "end_exchange", "_finish")
+            landed = interrupted(first, response.close, then=RESET_WRITE[where])
+        else:
+            landed = interrupted(RESET_WRITE[where], response.close)
+        assert landed, f"never reached {where}"
+        srv.release("b")
+        other.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
+        s = transport.statistics()[srv.url]
+        assert (s.running, s.in_use_connections, s.connections) == (0, 0, 0), s
+        assert s.acquired == s.completed + s.failed + s.cancelled, s
+        assert client.get(f"{srv.url}/").status_code == 200
+        assert transport.statistics()[srv.url].connections_created == 2
+        client.close()
