@@ -22,7 +22,10 @@ until ``_owes_slot`` is cleared, in the step right after the limiter took the sl
 (``Slots.give_back``: no call in between); the waiter the slot went to is woken after.
 An interrupt landing before that step leaves the slot owed: ``close`` (which httpx calls
 when a read fails) or ``__del__`` gives it back, so it is never kept nor given back twice.
-The connection is taken back by ``Connections.reclaim`` when its end is cut short.
+An end merely paused at an (a trace callback, a close, an HTTP/2 flush) is not cut
+short: ``close`` from another thread meanwhile leaves the slot to it (``_ending``, cleared
+as ``_finish``'s last ``finally`` starts, with no after it).  The connection is
+taken back by ``Connections.reclaim`` when its end is cut short.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class ResponseStream(httpx.SyncByteStream):
     #: Whether the slot is the stream's to give back (see the module docstring): a class
     #: default, so a stream made but never handed over (``hold``) owes nothing.
     _owes_slot = False
+    #: ``_finish`` is under way: set with ``_finished``, cleared as its last ``finally``
+    #: starts (no after it), so ``close`` from another thread leaves it the slot.
+    _ending = False
 
     def __init__(
         self,
@@ -126,7 +132,9 @@ class ResponseStream(httpx.SyncByteStream):
         """Close the response.  A body not read to the end leaves an HTTP/1.1 connection in
         an unknown state (it is closed) and an HTTP/2 stream open (it is reset)."""
         if self._finished:
-            if self._owes_slot:  # an interrupt cut the end short: give back what it kept
+            # The end under way (another thread's ``_finish`` awaits) gives the slot back
+            # itself; one an interrupt cut short left it owed: give it back.
+            if self._owes_slot and not self._ending:
                 self._give_slot(CANCELLED)
             return
         if self._exchange.finish_buffered():
@@ -210,8 +218,8 @@ class ResponseStream(httpx.SyncByteStream):
     def _finish(self, exc: BaseException | None) -> None:
         if self._finished:
             return
-        self._finished = True
         connections = self._compartment.connections
+        self._finished = self._ending = True  # (one step: no call in between)
         try:
             if self._timer is not None:
                 self._timer.cancel()
@@ -221,6 +229,9 @@ class ResponseStream(httpx.SyncByteStream):
             connections.reclaim(self._lease, self._exchange, cut)  # (if cut short)
             raise
         finally:
+            # Nothing awaited from here on: no ``close`` runs before the slot goes back,
+            # unless an interrupt cuts this short (then the slot is ``close``'s to give).
+            self._ending = False
             if exc is None:
                 outcome = COMPLETED
             elif isinstance(exc, Exception) and not isinstance(exc, ClosedEarly):

@@ -2,7 +2,10 @@
 ``ResponseStream.hold``/``_owes_slot``, ``Exchange.settled``, ``Connections.reclaim``):
 what it changed in the async transport, which shares the code, and in the sync one.
 
-Defects (strict xfails):
+Defects (strict xfails in the review; plain tests since their mends, which the two
+paragraphs below do not describe: ``reclaim`` resets a multiplexed exchange's stream alone
+and ``Tracer.closing`` keeps any ``BaseException``; ``aclose`` leaves the slot to an end
+under way, ``ResponseStream._ending``):
 
 * ``reclaim`` discards the whole HTTP/2 connection.  A native asyncio cancellation
   (``Task.cancel``: what ``asyncio.timeout`` and ``asyncio.wait_for`` deliver) is not held
@@ -213,13 +216,6 @@ async def test_a_native_cancel_in_a_close_trace_keeps_no_http11_connection(
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 11: aclose from another task while the reader's _finish awaits (here the "
-    "trace callback) sees _finished with _owes_slot set, the state the merge reserves for an "
-    "interrupted end, and gives the slot back as CANCELLED before the connection is back; "
-    "the exchange that completed is counted cancelled",
-)
 async def test_a_close_while_the_reader_ends_the_exchange_leaves_the_slot_to_it() -> None:
     transport = BulkheadTransport(default=Policy(max_concurrency=1), trust_env=False)
     with RawServer(keepalive_ok()) as srv:
