@@ -270,16 +270,16 @@ class Connections(ConnectionListener):
         if exc is None:
             reusable, keep_alive = exchange.completed()
             reusable = reusable and not self.closed
+            now = self._clock()
             exchange.releasing = True
-            to_close = self.pool.release(
-                lease, self._clock(), reusable=reusable, keep_alive=keep_alive
-            )
+            to_close = self.pool.release(lease, now, reusable=reusable, keep_alive=keep_alive)
         else:
             with anyio.CancelScope(shield=True):
                 verdict = await exchange.abandon(exc)
+            now = self._clock()
             exchange.releasing = True
             if verdict is None:
-                to_close = self.pool.release(lease, self._clock(), reusable=True)
+                to_close = self.pool.release(lease, now, reusable=True)
             else:
                 to_close = self.pool.discard(lease, DISCARDS[verdict])
         exchange.settled = True

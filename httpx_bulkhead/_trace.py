@@ -89,6 +89,8 @@ class Tracer:
                     await self._fn(f"{self._prefix}.{operation}.failed", {"exception": exc})
                 info = {} if self.stream_id is None else {"stream_id": self.stream_id}
                 await self._fn(f"{self._prefix}.response_closed.started", info)
+            except GeneratorExit:  # (the coroutine is being closed: it may not await)
+                raise
             except BaseException as error:
                 self._error = error
 

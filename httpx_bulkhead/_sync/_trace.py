@@ -91,6 +91,8 @@ class Tracer:
                     self._fn(f"{self._prefix}.{operation}.failed", {"exception": exc})
                 info = {} if self.stream_id is None else {"stream_id": self.stream_id}
                 self._fn(f"{self._prefix}.response_closed.started", info)
+            except GeneratorExit:  # (the coroutine is being closed: it may not await)
+                raise
             except BaseException as error:
                 self._error = error
 

@@ -284,3 +284,23 @@ def test_an_interrupt_in_an_h2_resets_write_discards_the_connection(where: str) 
         assert client.get(f"{srv.url}/").status_code == 200
         assert transport.statistics()[srv.url].connections_created == 2
         client.close()
+
+
+def test_an_interrupt_inside_the_pools_answer_discards_the_h2_connection() -> None:
+    """Landing inside ``Pool.release`` (its record of the connection half updated: the
+    stream's count taken off, the entry not indexed again), the pool's record is unknown:
+    ``reclaim`` discards the connection, with the other thread's stream, rather than
+    release it a second time (then ``in_use_connections`` stayed 1 for good)."""
+    with h2script.serve() as srv:
+        client, transport, outcome, other = _h2_held_sibling(srv)
+        window = Window("_pool.py", "_index", "end_exchange")
+        assert interrupted(window, lambda: client.get(f"{srv.url}/")), f"never reached {window}"
+        srv.release("b")
+        other.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
+        s = transport.statistics()[srv.url]
+        assert (s.running, s.in_use_connections, s.connections) == (0, 0, 0), s
+        assert s.acquired == s.completed + s.failed + s.cancelled, s
+        assert client.get(f"{srv.url}/").status_code == 200
+        assert transport.statistics()[srv.url].connections_created == 2
+        client.close()
