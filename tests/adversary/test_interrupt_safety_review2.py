@@ -83,6 +83,7 @@ CUT_STEPS = {
     "HTTP2Connection.reset": Window("_http2.py", "reset", "cut"),
     "HTTP2Connection.forget": Window("_http2.py", "forget", "cut"),
     "h2 reset_stream": Window("h2/connection.py", "reset_stream", "cut"),
+    "h2 stream state machine": Window("h2/stream.py", "reset_stream", "cut"),
 }
 
 
@@ -272,3 +273,49 @@ async def test_a_scope_cancelled_in_a_close_trace_settles_and_spares_the_sibling
             s = transport.statistics()[srv.url]
             assert (s.running, s.waiting, s.in_use_connections) == (0, 0, 0), s
             assert (s.acquired, s.completed, s.connections_created) == (3, 3, 1), s
+
+
+# -- an interrupt as the sync HTTP/2 write lock is given back ----------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect (not new: _threads.Lock is main's): an interrupt landing as"
+    " Lock.__exit__ starts (the sync HTTP/2 write lock, after the reset was written) keeps"
+    " the lock for good on a connection the pool keeps: the sibling's next write waits"
+    " for ever",
+)
+def test_an_interrupt_as_the_h2_write_lock_is_given_back_blocks_no_writer() -> None:
+    """Defect, found by sweeping every function start and C return of ``response.close()``
+    (an unread HTTP/2 stream, a sibling POST in flight).  ``flush`` holds
+    ``self._write_lock`` (``_threads.Lock`` in the sync shell) in a ``with``; an interrupt
+    landing as its ``__exit__`` starts never runs ``_release``.  The write had completed,
+    so ``flush`` does not break the connection, ``reclaim`` keeps it (the reset was sent),
+    and the next writer on it (the sibling's request body or its window update, any new
+    request) waits on the lock for ever.  The gate: the sibling does not finish."""
+    with h2script.serve() as srv:
+        transport = BulkheadHTTPTransport(
+            default=Policy(max_connections=1), http1=False, http2=True
+        )
+        client = httpx.Client(transport=transport, timeout=10)
+        assert client.get(f"{srv.url}/").status_code == 200  # one connection
+        outcome: list[object] = []
+        big = b"x" * 200_000  # (more than one window: the sibling writes after the cut)
+
+        def sibling() -> None:
+            try:
+                outcome.append(client.post(f"{srv.url}/hold/b", content=big).status_code)
+            except httpx.HTTPError as exc:
+                outcome.append(exc)
+
+        other = threading.Thread(target=sibling, daemon=True)  # (it may never end)
+        other.start()
+        srv.wait_held("b")
+        response = _unread(client, srv.url)
+        window = Window("_threads.py", "__exit__", "flush")
+        assert interrupted(window, response.close), f"never reached {window}"
+        srv.release("b")
+        other.join(10)
+        assert outcome, "the sibling never finished (blocked on the write lock)"
+        assert outcome == [200] or isinstance(outcome[0], httpx.TransportError), outcome
+        client.close()
