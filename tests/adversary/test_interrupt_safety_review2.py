@@ -5,8 +5,24 @@ cut part-way, ``ResponseStream._ending``, ``Tracer.closing`` keeping any BaseExc
 
 The sync shell's interrupts land through ``test_sync_interrupt_windows``'s profile hook;
 the async transport's native cancellations through ``Task.cancel`` (what
-``asyncio.timeout`` and ``asyncio.wait_for`` deliver).  Findings are listed in each test's
-docstring; defects are strict xfails.
+``asyncio.timeout`` and ``asyncio.wait_for`` deliver).
+
+Defects (strict xfails):
+
+* ``H2Stream.cut`` sets ``ended`` before RST_STREAM is queued: an interrupt in between
+  (``HTTP2Connection.reset``/``forget``, h2's ``reset_stream``) and ``reclaim``'s second
+  ``cut`` answers "reset, keep": the connection is kept with the stream never reset.
+* An interrupt as the sync write lock's ``__exit__`` starts (``_threads.Lock``, main's)
+  keeps the lock on a kept HTTP/2 connection: every later write on it waits for ever.
+* An interrupt as ``stream.hold()`` starts leaves the stream's deadline timer armed: it
+  ends the exchange and gives the slot back a second time.
+
+Holds: a native cancellation at each await of an HTTP/2 close (a sibling stream in
+flight) or an HTTP/1.1 close (another connection's response open); an anyio cancellation
+(asyncio, trio) while a close trace callback awaits.  A sweep of every function start and
+C return of an unread HTTP/2 stream's ``close()`` (events 1-127) found only the first two
+defects' windows; it also showed conservative discards (an interrupt as ``data_to_send``
+or ``run_io`` starts: nothing taken yet, the connection dropped all the same).
 """
 
 from __future__ import annotations
