@@ -830,6 +830,7 @@ class H2Stream(_Sleeper):
         "refused",
         "releasing",
         "remote_ended",
+        "resetting",
         "reused",
         "sent_end",
         "settled",
@@ -854,6 +855,7 @@ class H2Stream(_Sleeper):
         self.sent_end = False  # we sent END_STREAM
         self.remote_ended = False  # the server sent END_STREAM
         self.ended = False  # the response was read to its end
+        self.resetting = False  # ``cut`` is under way (see there)
         self.refused = False  # not processed by the server: may be replayed
         self.opened_as = 0  # its rank among open streams when opened, if within the peer's cap
         self.error: str | None = None  # a reset or a malformed response: the request fails
@@ -1033,19 +1035,28 @@ class H2Stream(_Sleeper):
 
     def cut(self, exc: BaseException) -> Verdict | None:
         """Reset the stream (RFC 9113 §5.4.2; the frame is queued); the connection stays,
-        unless it is broken."""
+        unless it is broken.
+
+        ``resetting`` is set in the same step as ``ended`` and cleared in the step after
+        the reset was queued (no call in between).  A cut an interrupt stopped part-way
+        leaves it set: the RST_STREAM may not be queued and h2's stream state may be
+        half-moved, so the next cut (``reclaim``'s) answers ``UNKNOWN_STATE`` and the
+        connection is discarded, never kept out of step with the server."""
         conn = self.conn
         if conn.broken:
             verdict = cut_verdict(exc, self)
             return Verdict.BROKEN if verdict is Verdict.UNKNOWN_STATE else verdict
+        if self.resetting:
+            return Verdict.UNKNOWN_STATE
         if self.stream_id and not self.ended:
-            self.ended = True
+            self.ended = self.resetting = True  # (one step: no call in between)
             for event in self.events:  # return unread data's window
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                     conn.ack(event.flow_controlled_length, self.stream_id)
             self.events.clear()
             if self.live:
                 conn.reset(self)
+            self.resetting = False
         return None
 
     def abandon(self, exc: BaseException) -> Verdict | None:

@@ -104,24 +104,17 @@ CUT_STEPS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: H2Stream.cut sets ended before RST_STREAM is queued; an interrupt in"
-    " between leaves it unqueued, and reclaim's second cut() returns None (ended): the"
-    " connection is pooled with the stream never reset (open at the server for good, its"
-    " window never returned)",
-)
 @pytest.mark.parametrize("where", CUT_STEPS.keys())
 def test_an_interrupt_inside_the_cut_still_resets_the_stream_or_drops_the_connection(
     where: str,
 ) -> None:
-    """Defect.  One interrupt landing in ``H2Stream.cut`` after ``self.ended = True`` and
-    before h2 has queued the RST_STREAM (``HTTP2Connection.reset``, ``forget``, or h2's
+    """One interrupt landing in ``H2Stream.cut`` after ``self.ended = True`` and before h2
+    has queued the RST_STREAM (``HTTP2Connection.reset``, ``forget``, or h2's
     ``reset_stream`` itself: its state machine may be half-moved).  ``reclaim`` calls
-    ``cut`` again, which does nothing for an ended stream and answers ``None`` (reset,
-    keep the connection): the pool keeps a connection whose cut stream was never reset
-    (the server holds it open; the kept connection is not in step).  Before the change the
-    connection stayed in use for good; the rule says unknown state: discard."""
+    ``cut`` again, which finds the first one stopped part-way (``resetting``) and answers
+    ``UNKNOWN_STATE``: the connection is discarded.  (Review 12's defect: the second cut
+    did nothing for an ended stream and answered ``None``, so the pool kept a connection
+    whose cut stream was never reset, open at the server for good.)"""
     with h2script.serve() as srv:
         client, transport, outcome, other = _h2_held_sibling(srv)
         response = _unread(client, srv.url)
