@@ -20,6 +20,9 @@ until ``_owes_slot`` is cleared, in the step right after the limiter took the sl
 (``Slots.give_back``: no call in between); the waiter the slot went to is woken after.
 An interrupt landing before that step leaves the slot owed: ``aclose`` (which httpx calls
 when a read fails) or ``__del__`` gives it back, so it is never kept nor given back twice.
+Before ``hold()`` the stream owes nothing and ends nothing: an interrupt landing between
+the making (which arms the deadline's timer) and the hand-over leaves the exchange and the
+slot to the compartment, and the timer then finds nothing to end (``_expire``).
 An end merely paused at an await (a trace callback, a close, an HTTP/2 flush) is not cut
 short: ``aclose`` from another task meanwhile leaves the slot to it (``_ending``, cleared
 as ``_finish``'s last ``finally`` starts, with no await after it).  The connection is
@@ -149,9 +152,16 @@ class ResponseStream(httpx.AsyncByteStream):
 
     def _expire(self) -> Awaitable[None] | None:
         """The deadline passed (a timer, on the loop).  A read in progress is bounded by the
-        deadline itself and reports it; otherwise the exchange ends here."""
+        deadline itself and reports it; otherwise the exchange ends here.
+
+        Only a stream that was handed over (``hold``) ends anything: one made but never
+        handed over (an interrupt landed in the sync shell between the timer's arming and
+        ``hold``'s step) owes nothing, the compartment has ended its exchange and given
+        its slot back, and its timer (not cancellable: the handle may never have been
+        stored) must not end them again.  Unfinished, the stream owes its slot exactly
+        when it was handed over."""
         self._timer = None
-        if self._finished or self._reading:
+        if self._finished or self._reading or not self._owes_slot:
             return None
         self._finished = True
         self._owes_slot = False  # (given back by ``end_abandoned``, below)
