@@ -288,21 +288,30 @@ async def test_a_scope_cancelled_in_a_close_trace_settles_and_spares_the_sibling
 # -- an interrupt as the sync HTTP/2 write lock is given back ----------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (not new: _threads.Lock is main's): an interrupt landing as"
-    " Lock.__exit__ starts (the sync HTTP/2 write lock, after the reset was written) keeps"
-    " the lock for good on a connection the pool keeps: the sibling's next write waits"
-    " for ever",
-)
-def test_an_interrupt_as_the_h2_write_lock_is_given_back_blocks_no_writer() -> None:
-    """Defect, found by sweeping every function start and C return of ``response.close()``
-    (an unread HTTP/2 stream, a sibling POST in flight).  ``flush`` holds
-    ``self._write_lock`` (``_threads.Lock`` in the sync shell) in a ``with``; an interrupt
-    landing as its ``__exit__`` starts never runs ``_release``.  The write had completed,
-    so ``flush`` does not break the connection, ``reclaim`` keeps it (the reset was sent),
-    and the next writer on it (the sibling's request body or its window update, any new
-    request) waits on the lock for ever.  The gate: a new request does not finish."""
+#: Steps of the sync HTTP/2 write lock's hand-back and taking, in ``flush``.
+WRITE_LOCK_STEPS = {
+    # the first Python ``__exit__`` met after the write: before the mend the lock's own
+    # (``_release`` never ran); since, the shield's, the lock given back in C before it
+    "the lock's give-back": Window("_threads.py", "__exit__", "flush"),
+    # the lock just taken, ``__enter__`` not yet returned (no ``with`` body to release it)
+    "the lock's taking": Window("_threads.py", "__enter__", "flush", "acquire"),
+}
+
+
+@pytest.mark.parametrize("where", WRITE_LOCK_STEPS.keys())
+def test_an_interrupt_as_the_h2_write_lock_is_given_back_blocks_no_writer(where: str) -> None:
+    """Found by sweeping every function start and C return of ``response.close()`` (an
+    unread HTTP/2 stream, a sibling POST in flight).  ``flush`` holds ``self._write_lock``
+    (``_threads.Lock`` in the sync shell) in a ``with``.  Review 12's defect: an interrupt
+    landing as its Python ``__exit__`` started never ran ``_release``; the write had
+    completed, so ``flush`` did not break the connection, ``reclaim`` kept it (the reset
+    was sent), and the next writer on it (the sibling's request body or its window
+    update, any new request) waited on the lock for ever.  Now the lock is a C lock whose
+    ``__exit__`` is its release: the first Python ``__exit__`` after the write is the
+    shield's, the lock already given back; and an interrupt landing as the lock is taken,
+    before ``__enter__`` returns, has ``__enter__`` give it back.  The gate: a new request
+    finishes (fails before the mend at the give-back: it waits for ever; at the taking,
+    the old lock had no such step: never reached)."""
     with h2script.serve() as srv:
         transport = BulkheadHTTPTransport(
             default=Policy(max_connections=1), http1=False, http2=True
@@ -322,7 +331,7 @@ def test_an_interrupt_as_the_h2_write_lock_is_given_back_blocks_no_writer() -> N
         other.start()
         srv.wait_held("b")
         response = _unread(client, srv.url)
-        window = Window("_threads.py", "__exit__", "flush")
+        window = WRITE_LOCK_STEPS[where]
         assert interrupted(window, response.close), f"never reached {window}"
         srv.release("b")
         other.join(10)
