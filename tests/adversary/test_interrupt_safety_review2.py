@@ -7,15 +7,18 @@ The sync shell's interrupts land through ``test_sync_interrupt_windows``'s profi
 the async transport's native cancellations through ``Task.cancel`` (what
 ``asyncio.timeout`` and ``asyncio.wait_for`` deliver).
 
-Defects (strict xfails):
+Defects (strict xfails at first; mended, now plain tests that fail without the mends):
 
 * ``H2Stream.cut`` sets ``ended`` before RST_STREAM is queued: an interrupt in between
   (``HTTP2Connection.reset``/``forget``, h2's ``reset_stream``) and ``reclaim``'s second
   ``cut`` answers "reset, keep": the connection is kept with the stream never reset.
+  Mended: ``H2Stream.resetting``; a cut stopped part-way answers ``UNKNOWN_STATE``.
 * An interrupt as the sync write lock's ``__exit__`` starts (``_threads.Lock``, main's)
   keeps the lock on a kept HTTP/2 connection: every later write on it waits for ever.
+  Mended: ``_threads.Lock`` is a C lock, its ``__exit__`` the C release.
 * An interrupt as ``stream.hold()`` starts leaves the stream's deadline timer armed: it
-  ends the exchange and gives the slot back a second time.
+  ends the exchange and gives the slot back a second time.  Mended: a stream never handed
+  over ends nothing at its deadline (``ResponseStream._expire``).
 
 Holds: a native cancellation at each await of an HTTP/2 close (a sibling stream in
 flight) or an HTTP/1.1 close (another connection's response open); an anyio cancellation
