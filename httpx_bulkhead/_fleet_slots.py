@@ -43,6 +43,7 @@ import httpx
 from ._config import Policy
 from ._exceptions import AcquireTimeout
 from ._fleet import FleetLimiter, Lease
+from ._limiter import Waiter
 from ._slots import Slots
 from ._stats import CANCELLED, FAILED, Outcome
 from ._timers import Timers
@@ -92,3 +93,11 @@ class FleetSlots(Slots):
         if leases:
             leases.pop().release()
         super().release(outcome)
+
+    def give_back(self, outcome: Outcome) -> Waiter | None:
+        """Give back a lease and the slot (exactly once per successful ``acquire``); the
+        waiter granted the slot is returned, to wake (``Slots.give_back``)."""
+        leases = self.leases
+        if leases:
+            leases.pop().release()
+        return super().give_back(outcome)

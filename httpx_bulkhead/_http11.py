@@ -68,7 +68,9 @@ class HTTP11Connection:
         "origin",
         "proxy",
         "received_any",
+        "releasing",
         "reused",
+        "settled",
         "tracer",
         "wrote_any",
     )
@@ -86,6 +88,8 @@ class HTTP11Connection:
         self.wrote_any = False  # a request byte was handed to the OS in the current exchange
         self.network_stream = NetworkStream(stream)  # the response extension
         self.tracer: Tracer | None = None  # the current exchange's, when it is traced
+        self.settled = True  # the pool has had the current exchange's end (``Exchange``)
+        self.releasing = False  # its answer was asked for (``Exchange``)
         #: The proxy this connection goes through (its credential-free URL), or ``None``.
         self.proxy: str | None = None
         #: Set when the connection is to an HTTP proxy that *forwards* each request (an
@@ -97,7 +101,8 @@ class HTTP11Connection:
     # -- the Connection protocol: one exchange at a time, the connection is the exchange ---
     def start_exchange(self, reused: bool) -> HTTP11Connection:
         self.reused = reused
-        self.received_any = self.wrote_any = self._reusable = False
+        self.received_any = self.wrote_any = self._reusable = self.settled = False
+        self.releasing = False
         self._head_bytes = 0
         return self
 

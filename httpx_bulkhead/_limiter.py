@@ -111,17 +111,33 @@ class Limiter:
 
     def release(self) -> None:
         """Return a slot: it goes to the head waiter, if any, else back to the pool."""
-        if self.running <= 0:
+        waiter = self.give_back()
+        if waiter is not None:
+            waiter.wake()
+
+    def give_back(self) -> Waiter | None:
+        """``release`` without the wake: returns the waiter now granted the slot (if any),
+        for the caller to wake once it has recorded that it no longer holds it.
+
+        Straight-line code (no call, no loop): an exception raised in a thread from
+        outside (``KeyboardInterrupt``) lands before this method starts or after it
+        returned, never between the slot's return and the caller learning of it (see
+        ``_response.py``).  A waiter granted more than one slot at a time does not exist:
+        the queue holds only waiters still WAITING, and a raised limit fills itself
+        (``set_limit``), so here the slot goes to the head waiter or back to the pool."""
+        running = self.running
+        if running <= 0:
             raise RuntimeError("release() without a slot held")
-        if self._queue and self.running <= self.limit:
-            waiter, _ = self._queue.popitem(last=False)
+        queue = self._queue
+        if queue and running <= self.limit:
+            for waiter in queue:  # noqa: B007 - the head, without a call (see above)
+                break
+            del queue[waiter]
             waiter.state = WaiterState.GRANTED
             self.acquired += 1
-            waiter.wake()
-        else:
-            self.running -= 1
-            # The limit may have been raised while over it: fill what is now free.
-            self._grant_free()
+            return waiter
+        self.running = running - 1  # (nobody waits, or over a lowered limit: no grant)
+        return None
 
     def cancel(self, waiter: Waiter, *, timed_out: bool = False) -> None:
         """The task owning ``waiter`` gave up: cancelled, or (``timed_out``) its acquire

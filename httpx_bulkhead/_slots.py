@@ -4,8 +4,10 @@
 and keeps the counters of how slots were used (acquire waits, outcomes, timeouts).
 
 Slot accounting: a request that leaves ``acquire()`` owns one slot and must give it back
-exactly once, through ``release()``, whatever happens (``Compartment.handle`` and the
-response stream do that in ``finally``/``except`` blocks).
+exactly once, through ``release()`` or ``give_back()``, whatever happens
+(``Compartment.handle`` and the response stream do that in ``finally``/``except`` blocks;
+``give_back`` is one step an interrupt lands before or after, never inside, so they can
+tell whether it happened: see ``_response.py``).
 """
 
 from __future__ import annotations
@@ -83,8 +85,18 @@ class Slots:
 
     def release(self, outcome: Outcome) -> None:
         """Give the slot back (exactly once per successful ``acquire``)."""
+        waiter = self.limiter.give_back()  # (not ``self.give_back``: a subclass adds to both)
         self.outcomes[outcome] += 1
-        self.limiter.release()
+        if waiter is not None:
+            waiter.wake()
+
+    def give_back(self, outcome: Outcome) -> Waiter | None:
+        """``release`` without the wake (``Limiter.give_back``): returns the waiter granted
+        the slot, for the caller to wake once it has recorded the slot as given back.  No
+        call after the slot's return: an interrupt lands before it or after this returns."""
+        waiter = self.limiter.give_back()
+        self.outcomes[outcome] += 1
+        return waiter
 
     def _timed_out(self, request: httpx.Request) -> NoReturn:
         self.timeouts += 1

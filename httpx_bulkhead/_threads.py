@@ -46,6 +46,7 @@ of work and are still finishing (several, when work came back in between).
 
 from __future__ import annotations
 
+import _thread
 import heapq
 import itertools
 import logging
@@ -120,7 +121,12 @@ class LoopLock:
             return fn(*args)
         finally:
             _local.lock = previous
-            self._give_back()
+            # Inline, not a method of ours: an interrupt landing as a Python function starts
+            # would keep the lock for ever (here it lands only once the C call returned).
+            try:  # noqa: SIM105 - contextlib.suppress is Python code too
+                lock.release()
+            except RuntimeError:  # not ours: interrupted before or while taking it
+                pass
 
     def try_run(self, fn: Callable[[], T], timeout: float) -> tuple[bool, T | None]:
         """Like ``run``, giving up after ``timeout`` seconds: ``(False, None)``."""
@@ -135,21 +141,16 @@ class LoopLock:
             return True, fn()
         finally:
             _local.lock = previous
-            self._give_back()
+            try:  # noqa: SIM105 - inline, as in ``run``
+                lock.release()
+            except RuntimeError:
+                pass
 
     def acquire(self) -> None:
         self._lock.acquire()
 
     def release(self) -> None:
         self._lock.release()
-
-    def _give_back(self) -> None:
-        """Release if held (one call: an interrupt after it finds the lock given back)."""
-        # Not contextlib.suppress: its __enter__ is Python code an interrupt can land in.
-        try:  # noqa: SIM105
-            self._lock.release()
-        except RuntimeError:  # not ours: interrupted before or while taking it
-            pass
 
 
 def _held() -> LoopLock | None:
@@ -355,43 +356,35 @@ class Event:
             raise TimeoutError
 
 
-class Lock:
-    """anyio's ``Lock`` for threads holding the loop lock: FIFO, handed over on release."""
+class Lock(_thread.RLock):  # type: ignore[misc]  # (final in typeshed; CPython allows it)
+    """anyio's ``Lock`` for threads holding the loop lock (HTTP/2 writes): a C lock, so
+    that no interrupt keeps it.
 
-    __slots__ = ("_locked", "_waiters")
+    Its ``__exit__`` is the C lock's own (a ``release``): no Python frame stands between
+    a ``with`` body's end and the release, so an interrupt lands before the body ends
+    (the release then runs as the ``with`` unwinds) or once the lock is given back, never
+    in between (as ``LoopLock.run`` gives the loop lock back).  ``__enter__`` waits with
+    the loop lock released (``blocking``); an interrupt landing once the lock is taken and
+    before ``__enter__`` returns (no ``with`` body to release it yet) has it given back
+    there, ownership asked of the lock inside the ``try``.  Waiters take it in the order
+    the system wakes them, not first come first served: each holder sends all that h2
+    has queued, the waiters' frames included."""
 
-    def __init__(self) -> None:
-        self._locked = False
-        self._waiters: deque[Event] = deque()
+    __slots__ = ()
 
-    def __enter__(self) -> None:
-        if not self._locked:
-            self._locked = True
-            return
-        event = Event()
-        self._waiters.append(event)
+    def __enter__(self) -> bool:  # type: ignore[override]  # (the C one is ``acquire``)
         try:
-            event.wait()
+            if not self.acquire(False):
+                blocking(self._wait, None)
         except BaseException:
-            if event.is_set():
-                self._release()  # handed over as we left: pass it on
-            else:
-                self._waiters.remove(event)
+            if self._is_owned():  # type: ignore[attr-defined]
+                self.release()
             raise
+        return True
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._waiters:
-            self._waiters.popleft().set()  # still locked: now the next waiter's
-        else:
-            self._locked = False
+    def _wait(self, limit: float | None) -> None:
+        if not self.acquire(True, -1 if limit is None else limit):
+            raise TimeoutError
 
 
 def sleep(delay: float) -> None:

@@ -149,6 +149,7 @@ class Compartment:
             self._waited(self._clock() - started, None)  # failed waits count too
             raise
         watch: LeakWatch | None = None
+        sent_on: tuple[Lease, Exchange] | None = None  # what ``send`` returned, until handed over
         try:
             if self._leaks is not None:
                 watch = self._leaks.watch()
@@ -157,18 +158,34 @@ class Compartment:
             lease, exchange, head, retried, conn_wait, sent = self.send(
                 request, origin, timeouts, acquire_deadline, timeout.get("connect"), epoch
             )
+            sent_on = lease, exchange
+            stream = ResponseStream(self, lease, exchange, request, timeouts, watch)
+            stream.hold()  # the last step here: from its end the stream gives both back
         except BaseException as exc:
             try:  # (an interrupt landing in the bookkeeping must not keep the slot)
                 if isinstance(exc, AcquireTimeout):
                     self._waited(self._clock() - started, None)
                 if self.adaptive is not None:
                     self.adaptive.failed(started + waited, exc)
+                if sent_on is not None:  # interrupted between ``send`` and the hand-over
+                    self._end(*sent_on, exc)
             finally:
-                self.slots.release(FAILED if isinstance(exc, Exception) else CANCELLED)
-                if watch is not None:
-                    watch.release()
+                # ``Slots.give_back`` takes the slot back in one step or not at all: a
+                # second interrupt landing before it did is followed by another try.
+                waiter = None
+                try:
+                    waiter = self.slots.give_back(
+                        FAILED if isinstance(exc, Exception) else CANCELLED
+                    )
+                except BaseException:
+                    waiter = self.slots.give_back(CANCELLED)
+                    raise
+                finally:
+                    if waiter is not None:
+                        waiter.wake()
+                    if watch is not None:
+                        watch.release()
             raise
-        stream = ResponseStream(self, lease, exchange, request, timeouts, watch)
         if self.adaptive is not None:  # the sample: from sent (after our queues) to the head
             stream.adaptive_sample = (sent, self._clock() - sent, head.status)
         try:  # from here the response stream owns the slot and the exchange
@@ -201,15 +218,15 @@ class Compartment:
             self._clock,
         )
 
-    def release(self, outcome: Outcome) -> None:
-        """Give the slot back (exactly once per request that got one)."""
-        self.slots.release(outcome)
-
-    def end_exchange(
-        self, lease: Lease, exchange: Exchange, exc: BaseException | None
-    ) -> None:
-        """The exchange ended: completed (``exc`` is ``None``) or cut by ``exc``."""
-        self.connections.end_exchange(lease, exchange, exc)
+    def _end(self, lease: Lease, exchange: Exchange, exc: BaseException | None) -> None:
+        """End an exchange that failed before its response was handed over (or was
+        refused): the connection is taken back even when an interrupt cuts that short."""
+        connections = self.connections
+        try:
+            connections.end_exchange(lease, exchange, exc)
+        except BaseException as cut:
+            connections.reclaim(lease, exchange, cut)
+            raise
 
     def end_abandoned(
         self, lease: Lease, exchange: Exchange, exc: BaseException, outcome: Outcome
@@ -253,12 +270,14 @@ class Compartment:
                 request, origin, acquire_by, connect, timeouts, fresh, epoch
             )
             waited += wait
-            exchange = lease.conn.start_exchange(lease.served > 1)
-            sent = 0.0 if self.adaptive is None else self._clock()  # connected: no dial time
-            try:
+            exchange: Exchange | None = None
+            try:  # (from the checkout's answer: an interrupt must not keep the connection)
+                exchange = lease.conn.start_exchange(lease.served > 1)
+                sent = 0.0 if self.adaptive is None else self._clock()  # connected: no dial
                 head = exchange.send_request(request, timeouts, trace)
             except Refused as refused:
-                self.connections.end_exchange(lease, exchange, None)
+                assert exchange is not None  # (raised by ``send_request``)
+                self._end(lease, exchange, None)
                 _raise_if_left(lease, request, refused)
                 self._replay(request, exchange, replays)
                 elsewhere = refused.elsewhere
@@ -276,7 +295,10 @@ class Compartment:
                 )
                 continue
             except BaseException as exc:
-                self.connections.end_exchange(lease, exchange, exc)
+                if exchange is None:  # interrupted before the exchange began: unused
+                    self.connections.unused(lease)
+                    raise
+                self._end(lease, exchange, exc)
                 _raise_if_left(lease, request, exc)
                 if retried or not _can_retry(exc, exchange, request):
                     raise

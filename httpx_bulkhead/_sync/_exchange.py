@@ -201,6 +201,12 @@ class Exchange(Protocol):
     wrote_any: bool
     #: Trace events of this exchange (set by ``send_request`` when the request is traced).
     tracer: Tracer | None
+    #: The pool has had the exchange's end (set by ``Connections`` in the step right after
+    #: the pool's answer): until then the exchange holds its connection (``reclaim``).
+    settled: bool
+    #: The pool's answer was asked for (set in the step right before the call): an end cut
+    #: short from then until ``settled`` leaves the pool's record of the connection unknown.
+    releasing: bool
 
     def send_request(
         self, request: httpx.Request, timeouts: Timeouts, trace: TraceFn | None

@@ -144,6 +144,12 @@ _NO_TIMEOUTS = Timeouts(None, None, None)
 
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 
+#: Why a connection whose write was cut part-way (``flush``) is broken.
+_WRITE_CUT = (
+    "a write on the connection was cut part-way (an interrupt or a cancellation the write"
+    " could not hold off): how much of it was sent is unknown, so is the connection's state"
+)
+
 
 class _BodyLengthMismatch(h2.events.Event):
     """Ours, not h2's: a response's DATA contradicts its content-length; the stream has
@@ -352,9 +358,14 @@ class HTTP2Connection:
     # -- writing -------------------------------------------------------------------------
     def pending_output(self) -> bool:
         """Whether output is queued (so a flush is needed).  h2's public API can only tell
-        by handing the bytes over: they wait in ``_outbox``, ahead of anything queued later."""
+        by handing the bytes over: they wait in ``_outbox``, ahead of anything queued later.
+        Cut short (an interrupt), the bytes h2 was handing over may be lost: as ``flush``."""
         if not self._outbox:
-            self._outbox = self._h2.data_to_send()
+            try:
+                self._outbox = self._h2.data_to_send()
+            except BaseException:
+                self._break(httpx.WriteError, _WRITE_CUT)
+                raise
         return bool(self._outbox)
 
     def flush(
@@ -363,20 +374,37 @@ class HTTP2Connection:
         """Send what h2 has queued.  Shielded: a cancelled write would leave a partial frame
         on the wire; bounded by the write timeout instead.  A failure breaks the connection.
 
+        What the shield cannot hold off (a native asyncio cancellation, ``KeyboardInterrupt``;
+        in the sync shell, an interrupt landing anywhere) breaks the connection too when it
+        lands while bytes are in flight: taken from h2, or handed to the stream and not yet
+        all written.  How much of a frame went out is then unknown, and so is every stream's
+        state.  Landing between the two, it leaves the bytes first in line (``_outbox``).
+
         Once the connection is broken nothing more is sent (RFC 9113 §5.4.1: after a
         connection error's GOAWAY, close), but for ``last_words``: the flush right after
         the read that broke it, which carries h2's GOAWAY."""
         with _threads.CancelScope(shield=True):
             with self._write_lock:
-                data = self._outbox + self._h2.data_to_send()
-                self._outbox = b""
-                if not data or (self._broken is not None and not last_words):
-                    return
-                write_timeout = timeouts.write or MAX_SHIELDED_WRITE
+                data: bytes | None = None
+                in_flight = True  # (each change of it is one step: no call in between)
                 try:
+                    data = self._outbox + self._h2.data_to_send()
+                    self._outbox = b""
+                    in_flight = False
+                    if not data or (self._broken is not None and not last_words):
+                        return
+                    write_timeout = timeouts.write or MAX_SHIELDED_WRITE
+                    in_flight = True
                     run_io(self._net.send, data, "write", write_timeout, request, timeouts)
+                    in_flight = False
                 except httpx.TransportError as exc:
                     self._break(type(exc), str(exc))
+                    raise
+                except BaseException:
+                    if in_flight:
+                        self._break(httpx.WriteError, _WRITE_CUT)
+                    elif data is not None:
+                        self._outbox = data  # not sent: still first in line
                     raise
 
     def _flush_quietly(self, *, last_words: bool = False) -> None:
@@ -800,9 +828,12 @@ class H2Stream(_Sleeper):
         "opened_as",
         "received_any",
         "refused",
+        "releasing",
         "remote_ended",
+        "resetting",
         "reused",
         "sent_end",
+        "settled",
         "status",
         "stream_id",
         "tracer",
@@ -818,10 +849,13 @@ class H2Stream(_Sleeper):
         self.received_any = False
         self.wrote_any = False
         self.tracer: Tracer | None = None  # when the request is traced
+        self.settled = False  # the pool has had its end (``Exchange``)
+        self.releasing = False  # the pool's answer was asked for (``Exchange``)
         self.live = False  # h2 has it open (it is in ``conn._streams``)
         self.sent_end = False  # we sent END_STREAM
         self.remote_ended = False  # the server sent END_STREAM
         self.ended = False  # the response was read to its end
+        self.resetting = False  # ``cut`` is under way (see there)
         self.refused = False  # not processed by the server: may be replayed
         self.opened_as = 0  # its rank among open streams when opened, if within the peer's cap
         self.error: str | None = None  # a reset or a malformed response: the request fails
@@ -1001,19 +1035,28 @@ class H2Stream(_Sleeper):
 
     def cut(self, exc: BaseException) -> Verdict | None:
         """Reset the stream (RFC 9113 §5.4.2; the frame is queued); the connection stays,
-        unless it is broken."""
+        unless it is broken.
+
+        ``resetting`` is set in the same step as ``ended`` and cleared in the step after
+        the reset was queued (no call in between).  A cut an interrupt stopped part-way
+        leaves it set: the RST_STREAM may not be queued and h2's stream state may be
+        half-moved, so the next cut (``reclaim``'s) answers ``UNKNOWN_STATE`` and the
+        connection is discarded, never kept out of step with the server."""
         conn = self.conn
         if conn.broken:
             verdict = cut_verdict(exc, self)
             return Verdict.BROKEN if verdict is Verdict.UNKNOWN_STATE else verdict
+        if self.resetting:
+            return Verdict.UNKNOWN_STATE
         if self.stream_id and not self.ended:
-            self.ended = True
+            self.ended = self.resetting = True  # (one step: no call in between)
             for event in self.events:  # return unread data's window
                 if isinstance(event, h2.events.DataReceived) and event.flow_controlled_length:
                     conn.ack(event.flow_controlled_length, self.stream_id)
             self.events.clear()
             if self.live:
                 conn.reset(self)
+            self.resetting = False
         return None
 
     def abandon(self, exc: BaseException) -> Verdict | None:

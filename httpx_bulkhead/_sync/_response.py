@@ -14,11 +14,25 @@ garbage collector frees unclosed is ended by the transport's timer thread (the
 collector may run in any thread): ``__del__`` only hands the work over.  A body closed
 before its end raises ``httpx.StreamClosed`` for whoever iterates it next (another thread or
 thread that was reading it): the end of the stream is never taken for the end of the body.
+
+Interrupts (the sync shell: ``KeyboardInterrupt``, or any exception raised in a thread from
+outside, lands at any call or loop of Python code, cleanup code included).  The slot is
+the stream's from ``hold()`` (the compartment's last step before it returns the response)
+until ``_owes_slot`` is cleared, in the step right after the limiter took the slot back
+(``Slots.give_back``: no call in between); the waiter the slot went to is woken after.
+An interrupt landing before that step leaves the slot owed: ``close`` (which httpx calls
+when a read fails) or ``__del__`` gives it back, so it is never kept nor given back twice.
+Before ``hold()`` the stream owes nothing and ends nothing: an interrupt landing between
+the making (which arms the deadline's timer) and the hand-over leaves the exchange and the
+slot to the compartment, and the timer then finds nothing to end (``_expire``).
+An end merely paused at an (a trace callback, a close, an HTTP/2 flush) is not cut
+short: ``close`` from another thread meanwhile leaves the slot to it (``_ending``, cleared
+as ``_finish``'s last ``finally`` starts, with no after it).  The connection is
+taken back by ``Connections.reclaim`` when its end is cut short.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -27,7 +41,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ._exchange import ClosedEarly, Exchange, Timeouts
-from .._stats import CANCELLED, COMPLETED, FAILED
+from .._stats import CANCELLED, COMPLETED, FAILED, Outcome
 from .._threads import TimerHandle
 
 if TYPE_CHECKING:
@@ -44,6 +58,12 @@ class ResponseStream(httpx.SyncByteStream):
     #: ``(sent, head latency, status)`` for an adaptive compartment's algorithm, set by
     #: the compartment; fed when the exchange ends (a class default: no cost otherwise).
     adaptive_sample: tuple[float, float, int] | None = None
+    #: Whether the slot is the stream's to give back (see the module docstring): a class
+    #: default, so a stream made but never handed over (``hold``) owes nothing.
+    _owes_slot = False
+    #: ``_finish`` is under way: set with ``_finished``, cleared as its last ``finally``
+    #: starts (no after it), so ``close`` from another thread leaves it the slot.
+    _ending = False
 
     def __init__(
         self,
@@ -69,6 +89,10 @@ class ResponseStream(httpx.SyncByteStream):
             self._timer = compartment.timers.call_later(
                 deadline - timeouts.clock(), _expire_later(self)
             )
+
+    def hold(self) -> None:
+        """Take the slot over from the compartment (one step, no call in it)."""
+        self._owes_slot = True
 
     def __iter__(self) -> Iterator[bytes]:
         # An iterator object rather than an async generator: nothing to finalize if the
@@ -111,6 +135,10 @@ class ResponseStream(httpx.SyncByteStream):
         """Close the response.  A body not read to the end leaves an HTTP/1.1 connection in
         an unknown state (it is closed) and an HTTP/2 stream open (it is reset)."""
         if self._finished:
+            # The end under way (another thread's ``_finish`` awaits) gives the slot back
+            # itself; one an interrupt cut short left it owed: give it back.
+            if self._owes_slot and not self._ending:
+                self._give_slot(CANCELLED)
             return
         if self._exchange.finish_buffered():
             self._finish(None)
@@ -126,11 +154,19 @@ class ResponseStream(httpx.SyncByteStream):
 
     def _expire(self) -> None:
         """The deadline passed (a timer, under the loop lock).  A read in progress is bounded by the
-        deadline itself and reports it; otherwise the exchange ends here."""
+        deadline itself and reports it; otherwise the exchange ends here.
+
+        Only a stream that was handed over (``hold``) ends anything: one made but never
+        handed over (an interrupt landed in the sync shell between the timer's arming and
+        ``hold``'s step) owes nothing, the compartment has ended its exchange and given
+        its slot back, and its timer (not cancellable: the handle may never have been
+        stored) must not end them again.  Unfinished, the stream owes its slot exactly
+        when it was handed over."""
         self._timer = None
-        if self._finished or self._reading:
+        if self._finished or self._reading or not self._owes_slot:
             return None
         self._finished = True
+        self._owes_slot = False  # (given back by ``end_abandoned``, below)
         self._error = self._timeouts.expired("while the response was held unread", self._request)
         if self.adaptive_sample is not None:
             self._feed_adaptive(self._error)
@@ -142,18 +178,28 @@ class ResponseStream(httpx.SyncByteStream):
     def __del__(self) -> None:
         # A response nobody closed would hold its slot for ever (the classic way to exhaust
         # a pool): say so, and have the transport's timer thread give the slot and connection back.
-        if self._finished:
+        # Also one whose end an interrupt cut short, owing only its slot (``_finished``).
+        if not self._owes_slot:
             return
-        self._finished = True
+        self._owes_slot = False
+        ended, self._finished = self._finished, True
         compartment, lease, exchange = self._compartment, self._lease, self._exchange
         watch = self._watch
+        handed: list[bool] = []  # (``end`` runs once, however often it was handed over)
 
         def end() -> None:
-            try:
-                if compartment.adaptive is not None:  # (no sample: it frees a slot all the same)
-                    compartment.adaptive.unfed()
-            finally:
-                closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
+            if handed:
+                return None
+            handed.append(True)
+            closing = None
+            if ended:  # its exchange ended (and was fed): only the slot is owed
+                compartment.slots.release(CANCELLED)
+            else:
+                try:
+                    if compartment.adaptive is not None:  # (no sample: it frees a slot anyway)
+                        compartment.adaptive.unfed()
+                finally:
+                    closing = compartment.end_abandoned(lease, exchange, ClosedEarly(), CANCELLED)
             if watch is not None:
                 watch.release()
             return closing
@@ -169,20 +215,33 @@ class ResponseStream(httpx.SyncByteStream):
                 source=self,
             )
         finally:
-            with contextlib.suppress(Exception):
-                if not compartment.timers.call_soon_threadsafe(end):
-                    _close_unawaited(end())  # no timer thread left: nothing can be waiting on it
+            # Handed over again if an interrupt lands in the hand-off (lost, as any
+            # exception in ``__del__``); not ``contextlib.suppress``, Python code itself.
+            for _ in range(3):
+                try:
+                    if not compartment.timers.call_soon_threadsafe(end):
+                        _close_unawaited(end())  # no timer thread left: nothing can be waiting on it
+                    break
+                except BaseException:  # an interrupt, or the interpreter ending
+                    continue
 
     def _finish(self, exc: BaseException | None) -> None:
         if self._finished:
             return
-        self._finished = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        connections = self._compartment.connections
+        self._finished = self._ending = True  # (one step: no call in between)
         try:
-            self._compartment.end_exchange(self._lease, self._exchange, exc)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            connections.end_exchange(self._lease, self._exchange, exc)
+        except BaseException as cut:
+            connections.reclaim(self._lease, self._exchange, cut)  # (if cut short)
+            raise
         finally:
+            # Nothing awaited from here on: no ``close`` runs before the slot goes back,
+            # unless an interrupt cuts this short (then the slot is ``close``'s to give).
+            self._ending = False
             if exc is None:
                 outcome = COMPLETED
             elif isinstance(exc, Exception) and not isinstance(exc, ClosedEarly):
@@ -193,9 +252,23 @@ class ResponseStream(httpx.SyncByteStream):
                 if self.adaptive_sample is not None:
                     self._feed_adaptive(exc)
             finally:
-                self._compartment.release(outcome)
-                if self._watch is not None:
-                    self._watch.release()
+                self._give_slot(outcome)
+
+    def _give_slot(self, outcome: Outcome) -> None:
+        """Give the slot back if still owed (see the module docstring), then wake the waiter
+        it went to: again if an interrupt lands in the wake (setting an event twice is
+        harmless; a waiter never woken would wait for ever)."""
+        if self._owes_slot:
+            waiter = self._compartment.slots.give_back(outcome)
+            self._owes_slot = False
+            if waiter is not None:
+                try:
+                    waiter.wake()
+                except BaseException:
+                    waiter.wake()
+                    raise
+        if self._watch is not None:
+            self._watch.release()
 
     def _feed_adaptive(self, exc: BaseException | None) -> None:
         sample, adaptive = self.adaptive_sample, self._compartment.adaptive

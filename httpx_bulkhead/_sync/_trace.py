@@ -58,7 +58,7 @@ class Tracer:
         self._prefix = prefix
         self._open: str | None = None  # the operation started and not yet complete
         self._abandoned: str | None = None  # left open by an early close: failed at the end
-        self._error: Exception | None = None  # raised by the callback while closing
+        self._error: BaseException | None = None  # raised by the callback while closing
         self.stream_id: int | None = None  # HTTP/2: shown in ``response_closed``
 
     @property
@@ -78,8 +78,10 @@ class Tracer:
         """The exchange ends: ``{operation}.failed`` if ``exc`` cut an operation (``early``:
         the response was closed before its end, reported after ``response_closed``), then
         ``response_closed.started``.  Shielded, as httpcore's (the connection must be
-        settled whatever happens); an exception from the callback is kept for ``closed``
-        to raise once the exchange has been settled."""
+        settled whatever happens); what the callback raises is kept for ``closed`` to raise
+        once the exchange has been settled: any exception, a cancellation the shield cannot
+        hold off (a native asyncio one, as ``asyncio.timeout`` delivers) and an interrupt
+        included (cut short here, the exchange would end without the pool's answer)."""
         operation, self._open = self._open, None
         if early:
             self._abandoned, operation = operation, None
@@ -89,7 +91,9 @@ class Tracer:
                     self._fn(f"{self._prefix}.{operation}.failed", {"exception": exc})
                 info = {} if self.stream_id is None else {"stream_id": self.stream_id}
                 self._fn(f"{self._prefix}.response_closed.started", info)
-            except Exception as error:
+            except GeneratorExit:  # (the coroutine is being closed: it may not await)
+                raise
+            except BaseException as error:
                 self._error = error
 
     def closed(self) -> None:

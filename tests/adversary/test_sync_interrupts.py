@@ -10,7 +10,12 @@ thread a worker starts does not run yet: CPython 3.11 would raise the exception 
 new thread instead, see ``interrupt``).  After each run:
 no thread hangs, the transport's counters agree, nothing is left running, waiting or in
 use, the next request succeeds, no thread of the transport outlives ``close()`` and no
-descriptor is left open.
+descriptor is left open.  One leftover is allowed for, and only once the collector has
+given it back: an interrupt landing in httpx's own code after ``handle_request`` returned
+(reading the headers, say) drops the response unclosed, and its slot and connection come
+back when the collector frees it (``ResponseStream.__del__``, then the timer thread), as
+they would for a caller that never closed it; counted in ``leaked_responses``.  Anything
+still held then is a leak (``test_sync_interrupt_windows.py`` has the ones found).
 
 ``BULKHEAD_ADVERSARY_INTERRUPT_RUNS`` (default 3) sets the number of seeded runs,
 ``BULKHEAD_ADVERSARY_INTERRUPT_SEED`` the first seed (the failing seed is in the message).
@@ -30,7 +35,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from httpx_bulkhead import AdaptiveLimit, BulkheadHTTPTransport, Policy
+from httpx_bulkhead import AdaptiveLimit, BulkheadHTTPTransport, CompartmentStats, Policy
 from tests.resources import FdSnapshot, assert_no_fd_growth
 from tests.servers import RawServer
 from tests.servers.raw import RawConn, request_path
@@ -155,6 +160,8 @@ def one_run(seed: int, url: str, adaptive: bool) -> None:
     for thread in workers:
         thread.join(DEADLINE)
     [stats] = transport.statistics().values()
+    if (stats.running, stats.waiting, stats.in_use_connections) != (0, 0, 0):
+        stats = after_collection(transport, stats)
     assert "ok" in outcomes, f"seed {seed}: {outcomes}"
     assert set(outcomes) <= {"ok", "interrupted"}, f"seed {seed}: {set(outcomes)}"
     assert (stats.running, stats.waiting, stats.in_use_connections) == (0, 0, 0), (seed, stats)
@@ -163,6 +170,22 @@ def one_run(seed: int, url: str, adaptive: bool) -> None:
     assert client.get(f"{url}/0").status_code == 200
     client.close()
     assert left_behind(threads_before) == [], f"seed {seed}: threads outlive close()"
+
+
+def after_collection(transport: BulkheadHTTPTransport, stats: CompartmentStats) -> CompartmentStats:
+    """The counters once the collector has freed the responses interrupts dropped unclosed
+    and the timer thread has ended them (a marker queued behind those hand-offs); at least
+    one such response must have been freed, or the leftover is not of that kind."""
+    gc.collect()
+    done = threading.Event()
+    assert transport._timers.call_soon_threadsafe(done.set)
+    assert done.wait(DEADLINE), "the timer thread did not run"
+    [after] = transport.statistics().values()
+    assert after.leaked_responses > stats.leaked_responses, (
+        "left running or in use, and no response was freed unclosed",
+        stats,
+    )
+    return after
 
 
 # An interrupt that lands inside ``socket.create_connection`` (or just after it returned)

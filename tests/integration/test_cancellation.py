@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import anyio
@@ -17,7 +17,7 @@ import pytest
 
 from httpx_bulkhead import AcquireTimeout, BulkheadTransport, Policy, RequestTimeout
 from tests.conftest import until
-from tests.servers import HypercornServer, TestApp
+from tests.servers import HypercornServer, RawServer, TestApp, keepalive_ok
 
 
 @pytest.fixture
@@ -191,3 +191,39 @@ async def test_connection_waiter_cancelled_as_it_is_granted_passes_the_grant_on(
     stats = transport.statistics()[server.url]
     assert (stats.running, stats.failed, stats.cancelled, stats.completed) == (0, 1, 1, 1)
     assert stats.connections_created == 2 and stats.acquire_timeouts == 0
+
+
+@pytest.mark.parametrize("paused_at", ["response_closed.started", "response_closed.complete"])
+async def test_a_close_then_a_cancel_while_the_reader_ends_the_exchange_give_the_slot_once(
+    paused_at: str,
+) -> None:
+    """Another task closes the response while the reader's end awaits a trace callback
+    (before the pool's answer, or after it), then the reader is cancelled there (a native
+    cancellation, which the callback's shield does not hold off): the close leaves the
+    slot to the end under way, which gives it back once, as the exchange's outcome."""
+    transport = BulkheadTransport(default=Policy(max_concurrency=1), trust_env=False)
+    with RawServer(keepalive_ok()) as srv:
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            paused = asyncio.Event()
+            never = asyncio.Event()
+
+            async def trace(name: str, info: Mapping[str, Any]) -> None:
+                if name.endswith(paused_at):
+                    paused.set()
+                    await never.wait()
+
+            request = client.build_request("GET", srv.url, extensions={"trace": trace})
+            response = await client.send(request, stream=True)
+            reader = asyncio.ensure_future(response.aread())
+            await asyncio.wait_for(paused.wait(), 10)
+            await response.aclose()
+            [s] = transport.statistics().values()
+            assert s.running == 1, "the slot left before the end"
+            reader.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+            [s] = transport.statistics().values()
+            assert (s.running, s.in_use_connections) == (0, 0), s
+            assert (s.acquired, s.completed, s.failed, s.cancelled) == (1, 1, 0, 0), s
+            with anyio.fail_after(5):  # the one slot is free
+                assert (await client.get(srv.url)).status_code == 200

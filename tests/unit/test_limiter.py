@@ -32,6 +32,37 @@ def test_try_acquire_up_to_limit_then_queue_fifo() -> None:
     assert woken == [first, second]
 
 
+def test_give_back_grants_the_head_without_waking_it() -> None:
+    """``give_back`` is ``release`` with the wake left to the caller (who records first
+    that the slot is no longer its own: see ``_response.py``)."""
+    woken: list[Waiter] = []
+    limiter = Limiter(1, max_pending=None)
+    assert limiter.try_acquire()
+    first, second = make_waiter(woken), make_waiter(woken)
+    limiter.enqueue(first)
+    limiter.enqueue(second)
+    assert limiter.give_back() is first
+    assert first.state is WaiterState.GRANTED and woken == []
+    assert (limiter.running, limiter.waiting, limiter.acquired) == (1, 1, 2)
+    limiter.cancel(second)
+    assert limiter.give_back() is None
+    assert (limiter.running, limiter.waiting) == (0, 0)
+    with pytest.raises(RuntimeError):
+        limiter.give_back()
+
+
+def test_give_back_over_a_lowered_limit_frees_without_granting() -> None:
+    woken: list[Waiter] = []
+    limiter = Limiter(2, max_pending=None)
+    assert limiter.try_acquire() and limiter.try_acquire()
+    waiter = make_waiter(woken)
+    limiter.enqueue(waiter)
+    limiter.set_limit(1)
+    assert limiter.give_back() is None  # 1 running, at the limit: the waiter still waits
+    assert (limiter.running, limiter.waiting) == (1, 1)
+    assert limiter.give_back() is waiter and woken == []
+
+
 def test_no_barging_while_someone_waits() -> None:
     limiter = Limiter(1, max_pending=None)
     assert limiter.try_acquire()
