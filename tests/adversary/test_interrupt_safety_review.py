@@ -33,7 +33,6 @@ import asyncio
 import functools
 import gc
 import random
-import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -42,11 +41,11 @@ import anyio
 import httpx
 import pytest
 
-from httpx_bulkhead import BulkheadHTTPTransport, BulkheadTransport, Policy
+from httpx_bulkhead import BulkheadTransport, Policy
 from httpx_bulkhead._limiter import Limiter, Waiter, WaiterState
 from tests.servers import RawServer, h2script, keepalive_ok
 
-from .test_sync_interrupt_windows import Window, interrupted
+from .test_sync_interrupt_windows import Window, h2_held_sibling, interrupted
 
 # -- a native cancellation at the trace callback's await, on an HTTP/2 connection ---------
 
@@ -245,22 +244,7 @@ async def test_a_close_while_the_reader_ends_the_exchange_leaves_the_slot_to_it(
 
 def test_one_interrupt_at_an_h2_exchanges_end_spares_the_other_threads_stream() -> None:
     with h2script.serve() as srv:
-        transport = BulkheadHTTPTransport(
-            default=Policy(max_connections=1), http1=False, http2=True
-        )
-        client = httpx.Client(transport=transport, timeout=10)
-        assert client.get(f"{srv.url}/").status_code == 200  # one connection
-        outcome: list[object] = []
-
-        def sibling() -> None:
-            try:
-                outcome.append(client.post(f"{srv.url}/hold/b", content=b"once").status_code)
-            except httpx.HTTPError as exc:
-                outcome.append(exc)
-
-        other = threading.Thread(target=sibling)
-        other.start()
-        srv.wait_held("b")
+        client, transport, outcome, other = h2_held_sibling(srv)
         window = Window("", "end_exchange", "_finish")
         assert interrupted(window, lambda: client.get(f"{srv.url}/")), "never reached"
         srv.release("b")

@@ -44,35 +44,8 @@ import pytest
 from httpx_bulkhead import BulkheadHTTPTransport, BulkheadTransport, Policy
 from tests.servers import RawServer, h2script, keepalive_ok
 
-from .test_sync_interrupt_windows import Window, drain_timers, interrupted
+from .test_sync_interrupt_windows import Window, drain_timers, h2_held_sibling, interrupted, unread
 from .test_sync_interrupts import Interrupt
-
-
-def _h2_held_sibling(
-    srv: h2script.H2ScriptServer,
-) -> tuple[httpx.Client, BulkheadHTTPTransport, list[object], threading.Thread]:
-    """One HTTP/2 connection carrying another thread's POST, held by the server on "b"."""
-    transport = BulkheadHTTPTransport(default=Policy(max_connections=1), http1=False, http2=True)
-    client = httpx.Client(transport=transport, timeout=10)
-    assert client.get(f"{srv.url}/").status_code == 200  # one connection
-    outcome: list[object] = []
-
-    def sibling() -> None:
-        try:
-            outcome.append(client.post(f"{srv.url}/hold/b", content=b"once").status_code)
-        except httpx.HTTPError as exc:
-            outcome.append(exc)
-
-    other = threading.Thread(target=sibling)
-    other.start()
-    srv.wait_held("b")
-    return client, transport, outcome, other
-
-
-def _unread(client: httpx.Client, url: str) -> httpx.Response:
-    response = client.send(client.build_request("GET", f"{url}/bytes/1000000"), stream=True)
-    assert next(response.iter_raw())
-    return response
 
 
 def _assert_settled(
@@ -119,8 +92,8 @@ def test_an_interrupt_inside_the_cut_still_resets_the_stream_or_drops_the_connec
     did nothing for an ended stream and answered ``None``, so the pool kept a connection
     whose cut stream was never reset, open at the server for good.)"""
     with h2script.serve() as srv:
-        client, transport, outcome, other = _h2_held_sibling(srv)
-        response = _unread(client, srv.url)
+        client, transport, outcome, other = h2_held_sibling(srv)
+        response = unread(client, srv.url)
         assert interrupted(CUT_STEPS[where], response.close), f"never reached {where}"
         srv.release("b")
         other.join(10)
@@ -131,8 +104,8 @@ def test_an_interrupt_inside_the_cut_still_resets_the_stream_or_drops_the_connec
 def test_control_an_interrupt_as_the_end_starts_leaves_the_connection_in_step() -> None:
     """Control for the check above (holds): landing before the cut, ``reclaim`` resets."""
     with h2script.serve() as srv:
-        client, transport, outcome, other = _h2_held_sibling(srv)
-        response = _unread(client, srv.url)
+        client, transport, outcome, other = h2_held_sibling(srv)
+        response = unread(client, srv.url)
         window = Window("", "end_exchange", "_finish")
         assert interrupted(window, response.close), f"never reached {window}"
         srv.release("b")
@@ -333,7 +306,7 @@ def test_an_interrupt_as_the_h2_write_lock_is_given_back_blocks_no_writer(where:
         other = threading.Thread(target=sibling, daemon=True)  # (it may never end)
         other.start()
         srv.wait_held("b")
-        response = _unread(client, srv.url)
+        response = unread(client, srv.url)
         window = WRITE_LOCK_STEPS[where]
         assert interrupted(window, response.close), f"never reached {window}"
         srv.release("b")

@@ -208,7 +208,7 @@ RESET_WRITE = {
 }
 
 
-def _h2_held_sibling(
+def h2_held_sibling(
     srv: h2script.H2ScriptServer,
 ) -> tuple[httpx.Client, BulkheadHTTPTransport, list[object], threading.Thread]:
     """One HTTP/2 connection carrying another thread's POST, held by the server on
@@ -230,7 +230,7 @@ def _h2_held_sibling(
     return client, transport, outcome, other
 
 
-def _unread(client: httpx.Client, url: str) -> httpx.Response:
+def unread(client: httpx.Client, url: str) -> httpx.Response:
     """A response whose body is far from read (the server waits for window): closing it
     resets its stream."""
     response = client.send(client.build_request("GET", f"{url}/bytes/1000000"), stream=True)
@@ -238,12 +238,32 @@ def _unread(client: httpx.Client, url: str) -> httpx.Response:
     return response
 
 
+def assert_discarded_with_sibling(
+    srv: h2script.H2ScriptServer,
+    client: httpx.Client,
+    transport: BulkheadHTTPTransport,
+    outcome: list[object],
+    other: threading.Thread,
+) -> None:
+    """The held sibling released: the connection was discarded (the sibling failed with
+    it), nothing is held, and the next request is served on a new connection."""
+    srv.release("b")
+    other.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
+    s = transport.statistics()[srv.url]
+    assert (s.running, s.in_use_connections, s.connections) == (0, 0, 0), s
+    assert s.acquired == s.completed + s.failed + s.cancelled, s
+    assert client.get(f"{srv.url}/").status_code == 200
+    assert transport.statistics()[srv.url].connections_created == 2
+    client.close()
+
+
 def test_one_interrupt_as_an_unread_h2_streams_end_starts_resets_that_stream_alone() -> None:
     """Landing as ``end_exchange`` starts, before the reset is even queued: ``reclaim``
     queues and sends it; the connection and the other thread's stream stay."""
     with h2script.serve() as srv:
-        client, transport, outcome, other = _h2_held_sibling(srv)
-        response = _unread(client, srv.url)
+        client, transport, outcome, other = h2_held_sibling(srv)
+        response = unread(client, srv.url)
         window = Window("", "end_exchange", "_finish")
         assert interrupted(window, response.close), f"never reached {window}"
         srv.wait_until(lambda: len(srv.client_resets) == 1, what="the stream's reset")
@@ -267,23 +287,15 @@ def test_an_interrupt_in_an_h2_resets_write_discards_the_connection(where: str) 
     In ``end_exchange``: one interrupt; in ``reclaim``: a second one, the first landing
     as ``end_exchange`` starts."""
     with h2script.serve() as srv:
-        client, transport, outcome, other = _h2_held_sibling(srv)
-        response = _unread(client, srv.url)
+        client, transport, outcome, other = h2_held_sibling(srv)
+        response = unread(client, srv.url)
         if where == "reclaim":  # a first interrupt as end_exchange starts, then this one
             first = Window("", "end_exchange", "_finish")
             landed = interrupted(first, response.close, then=RESET_WRITE[where])
         else:
             landed = interrupted(RESET_WRITE[where], response.close)
         assert landed, f"never reached {where}"
-        srv.release("b")
-        other.join(10)
-        assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
-        s = transport.statistics()[srv.url]
-        assert (s.running, s.in_use_connections, s.connections) == (0, 0, 0), s
-        assert s.acquired == s.completed + s.failed + s.cancelled, s
-        assert client.get(f"{srv.url}/").status_code == 200
-        assert transport.statistics()[srv.url].connections_created == 2
-        client.close()
+        assert_discarded_with_sibling(srv, client, transport, outcome, other)
 
 
 def test_an_interrupt_inside_the_pools_answer_discards_the_h2_connection() -> None:
@@ -292,15 +304,7 @@ def test_an_interrupt_inside_the_pools_answer_discards_the_h2_connection() -> No
     ``reclaim`` discards the connection, with the other thread's stream, rather than
     release it a second time (then ``in_use_connections`` stayed 1 for good)."""
     with h2script.serve() as srv:
-        client, transport, outcome, other = _h2_held_sibling(srv)
+        client, transport, outcome, other = h2_held_sibling(srv)
         window = Window("_pool.py", "_index", "end_exchange")
         assert interrupted(window, lambda: client.get(f"{srv.url}/")), f"never reached {window}"
-        srv.release("b")
-        other.join(10)
-        assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
-        s = transport.statistics()[srv.url]
-        assert (s.running, s.in_use_connections, s.connections) == (0, 0, 0), s
-        assert s.acquired == s.completed + s.failed + s.cancelled, s
-        assert client.get(f"{srv.url}/").status_code == 200
-        assert transport.statistics()[srv.url].connections_created == 2
-        client.close()
+        assert_discarded_with_sibling(srv, client, transport, outcome, other)
