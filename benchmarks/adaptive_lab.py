@@ -483,23 +483,29 @@ def _missing(runs: int, *figures: list[float]) -> str:
     return f" (no figure in {lacking} of the runs)" if lacking else ""
 
 
-def runs_summary(results: Sequence[dict[str, Any]]) -> str:
+def runs_summary(
+    results: Sequence[dict[str, Any]], title: str | None = None, *, table: bool = True
+) -> str:
     """Several runs of the lab (``--runs``: the same arrivals, so what varies is the
-    machine): per run, each phase's targets as figures; over the runs, how often each target
-    was met, and every target of phases 1 and 3 (phase 2's whole-phase p99 is out of any
-    limit's reach where the capacity fell: ``capacity_fell``; its p99 is read from 5 s in)."""
+    machine), or of its model (``adaptive_sim --summary``, a seed each: ``title`` says so):
+    per run, each phase's targets as figures (unless not ``table``); over the runs, how often
+    each target was met, and every target of phases 1 and 3 (phase 2's whole-phase p99 is out
+    of any limit's reach where the capacity fell: ``capacity_fell``; its p99 is read from 5 s
+    in)."""
     every = [verdicts(result) for result in results]
     phases = results[0]["phases"]
     columns = "".join(
         f" phase {p} (N={n}): goodput, p99, from 5 s, in band |" for p, n in enumerate(phases, 1)
     )
-    out = [
-        f"{len(results)} runs of the lab, the same arrivals each time: what varies is the machine.",
-        "",
-        f"| run |{columns} phases 1 and 3: every target |",
-        "|---|" + "---|" * len(phases) + "---|",
-    ]
-    for index, phases_of_run in enumerate(every, 1):
+    lab = f"{len(results)} runs of the lab, the same arrivals each time:"
+    out = [title or f"{lab} what varies is the machine."]
+    if table:
+        out += [
+            "",
+            f"| run |{columns} phases 1 and 3: every target |",
+            "|---|" + "---|" * len(phases) + "---|",
+        ]
+    for index, phases_of_run in enumerate(every if table else [], 1):
         cells = "".join(
             f" {v['goodput_share']:.1%}, {_x(v['p99_x'])}, {_x(v['p99_after_5s_x'])},"
             f" {_seconds(v['first_in_band_s'])} |"

@@ -2,6 +2,7 @@
 
     python -m benchmarks.adaptive_sim                      # loaded noise, seeds 1-5
     python -m benchmarks.adaptive_sim --noise quiet --seeds 1 2 3
+    python -m benchmarks.adaptive_sim --noise quiet --seeds 1-160 --summary  # ~1 min
 
 ``adaptive_lab.py`` runs the real thing (Node's capacity server, three processes, 50 s of
 wall time) and is noisy on a shared machine; this models it event by event in virtual
@@ -53,6 +54,7 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,7 @@ from benchmarks.adaptive_lab import (
     Decisions,
     markdown,
     report,
+    runs_summary,
     targets,
 )
 from benchmarks.adaptive_lab import (
@@ -373,11 +376,53 @@ def by_limit(who: Run, start: float, end: float, service: float) -> dict[int, di
     return out
 
 
+def seed_range(text: str) -> range:
+    """``--seeds``: one seed (``7``) or an inclusive range of them (``1-160``)."""
+    first, dash, last = text.partition("-")
+    try:
+        low, high = int(first), int(last if dash else first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a seed or a range of seeds: {text!r}") from None
+    if high < low:
+        raise argparse.ArgumentTypeError(f"an empty range of seeds: {text!r}")
+    return range(low, high + 1)
+
+
+def _run_seed(job: tuple[int, str]) -> dict[str, Any]:
+    seed, noise = job
+    return run(seed, NOISES[noise])
+
+
+def summary(seeds: Sequence[int], noise: str, workers: int | None = None) -> str:
+    """``--summary``: the model over ``seeds`` (one process a core), summarised as the lab's
+    ``--runs`` are: how often each target was met, and every target of phases 1 and 3."""
+    with ProcessPoolExecutor(workers) as pool:
+        results = list(pool.map(_run_seed, [(seed, noise) for seed in seeds], chunksize=4))
+    title = f"The model, {noise} noise, {len(seeds)} seeds ({_seeds_text(seeds)}): a run a seed."
+    return runs_summary(results, title, table=False)
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    contiguous = list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
+    return f"{seeds[0]}-{seeds[-1]}" if contiguous else ", ".join(map(str, seeds))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument(
+        "--seeds",
+        type=seed_range,
+        nargs="+",
+        default=[range(1, 6)],
+        help="seeds, or ranges of them (1-160)",
+    )
     parser.add_argument("--noise", choices=sorted(NOISES), default="loaded")
     parser.add_argument("--markdown", action="store_true", help="the lab's table per seed")
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="how often each target was met over the seeds (adaptive_lab.runs_summary)",
+    )
     parser.add_argument(
         "--by-limit",
         type=int,
@@ -385,7 +430,11 @@ def main() -> None:
         help="the adaptive contestant's responses from 5 s into PHASE by their limit",
     )
     args = parser.parse_args()
-    for seed in args.seeds:
+    seeds = [seed for seeds in args.seeds for seed in seeds]
+    if args.summary:
+        print(summary(seeds, args.noise), end="")
+        return
+    for seed in seeds:
         runs: list[Run] = []
         result = run(seed, NOISES[args.noise], into=runs)
         if args.by_limit:

@@ -11,15 +11,17 @@ queue ready).  ``BULKHEAD_ADAPTIVE_SIM_SEEDS=12`` runs seeds 1 to 12 instead of 
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import random
+import re
 import statistics
 from typing import Any
 
 import pytest
 
-from benchmarks import adaptive_sim
+from benchmarks import adaptive_lab, adaptive_sim
 from httpx_bulkhead._adaptive import REASONS
 
 SEEDS = range(1, int(os.environ.get("BULKHEAD_ADAPTIVE_SIM_SEEDS") or 3) + 1)
@@ -310,3 +312,30 @@ def test_every_change_of_an_adaptive_limit_is_accounted_for(
         assert gradient.decisions[0][1:4] == (1, 10, "probed")
         assert {reason for *_, reason, _ in aimd.decisions} == {"growth", "drop"}
         assert aimd.decisions[0][1] == 10  # AIMD starts at initial_limit
+
+
+def test_seeds_are_given_one_by_one_or_as_ranges() -> None:
+    """``--seeds 1-160 7``: a range is inclusive; a reversed or a non-numeric one is refused
+    with the text given, not read as nothing."""
+    assert adaptive_sim.seed_range("7") == range(7, 8)
+    assert list(adaptive_sim.seed_range("3-5")) == [3, 4, 5]
+    for text in ("5-3", "x", "1-", "-4", "1-2-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
+            adaptive_sim.seed_range(text)
+
+
+def test_the_summary_over_seeds_counts_what_each_run_met() -> None:
+    """``--summary``: the model over several seeds summarised as the lab's ``--runs`` (its
+    count of runs meeting every target of phases 1 and 3 is each seed's ``met``)."""
+    seeds = [1, 2, 4]
+    text = adaptive_sim.summary(seeds, "loaded", workers=2)
+    runs = [adaptive_sim.verdicts(adaptive_sim.run(seed, adaptive_sim.LOADED)) for seed in seeds]
+    both = sum(adaptive_lab.met(run[0]) and adaptive_lab.met(run[2]) for run in runs)
+    assert text.startswith("The model, loaded noise, 3 seeds (1, 2, 4): a run a seed.\n")
+    assert text.endswith(f"Every target of phases 1 and 3 met in {both} of 3 runs.\n")
+    under = sum(run[2]["goodput_share"] < 0.9 for run in runs)
+    assert (
+        "- phase 3 (N=24): goodput " in text
+        and f"under 90% in {under};" in text.split("- phase 3")[1]
+    )
+    assert "| run |" not in text  # (no table of a row a seed)
