@@ -417,13 +417,15 @@ def main() -> None:
         help="seeds, or ranges of them (1-160)",
     )
     parser.add_argument("--noise", choices=sorted(NOISES), default="loaded")
-    parser.add_argument("--markdown", action="store_true", help="the lab's table per seed")
-    parser.add_argument(
+    # One output a run: asked for together, one of them would be dropped without a word.
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--markdown", action="store_true", help="the lab's table per seed")
+    output.add_argument(
         "--summary",
         action="store_true",
         help="how often each target was met over the seeds (adaptive_lab.runs_summary)",
     )
-    parser.add_argument(
+    output.add_argument(
         "--by-limit",
         type=int,
         metavar="PHASE",
