@@ -398,11 +398,16 @@ def summary(seeds: Sequence[int], noise: str, workers: int | None = None) -> str
     ``--runs`` are: how often each target was met, and every target of phases 1 and 3."""
     with ProcessPoolExecutor(workers) as pool:
         results = list(pool.map(_run_seed, [(seed, noise) for seed in seeds], chunksize=4))
-    title = f"The model, {noise} noise, {len(seeds)} seeds ({_seeds_text(seeds)}): a run a seed."
+    many = "s" if len(seeds) > 1 else ""
+    title = (
+        f"The model, {noise} noise, {len(seeds)} seed{many} ({_seeds_text(seeds)}): a run a seed."
+    )
     return runs_summary(results, title, table=False)
 
 
 def _seeds_text(seeds: Sequence[int]) -> str:
+    if len(seeds) == 1:
+        return str(seeds[0])
     contiguous = list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
     return f"{seeds[0]}-{seeds[-1]}" if contiguous else ", ".join(map(str, seeds))
 
