@@ -397,7 +397,13 @@ def summary(seeds: Sequence[int], noise: str, workers: int | None = None) -> str
     """``--summary``: the model over ``seeds`` (one process a core), summarised as the lab's
     ``--runs`` are: how often each target was met, and every target of phases 1 and 3."""
     with ProcessPoolExecutor(workers) as pool:
-        results = list(pool.map(_run_seed, [(seed, noise) for seed in seeds], chunksize=4))
+        try:
+            results = list(pool.map(_run_seed, [(seed, noise) for seed in seeds], chunksize=4))
+        except BaseException:
+            # A Ctrl-C while ``map`` hands the chunks out (seconds of it for a million seeds)
+            # escapes ``map``'s own cancelling, and the ``with`` would wait for every chunk.
+            pool.shutdown(cancel_futures=True)
+            raise
     many = "s" if len(seeds) > 1 else ""
     title = (
         f"The model, {noise} noise, {len(seeds)} seed{many} ({_seeds_text(seeds)}): a run a seed."
