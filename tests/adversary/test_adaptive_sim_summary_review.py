@@ -1,12 +1,11 @@
 """Review 14: ``python -m benchmarks.adaptive_sim --seeds 1-160 --summary`` (f3ca425).
 
-Pure: the model in virtual time, a seed or two at a time (about 0.4 s a seed).  Mended: the
-summary asked for beside ``--markdown`` or ``--by-limit`` silently dropped them (now the
-three are refused together), and a single seed was titled "1 seeds (3-3)", and a
-Ctrl-C while the seeds were handed to the processes (seconds of it for ``--seeds 1-1000000``)
-ran every seed handed out before it ended.  Not mended
-(strict xfail): a seed given twice (``--seeds 1-3 2``, overlapping ranges) is run and
-counted twice.
+The model in virtual time, a seed at a time (about 0.4 s a seed), and a forked pool held on
+an event.  Mended: the summary asked for beside ``--markdown`` or ``--by-limit`` dropped
+them without a word (the three are now refused together); one seed was titled "1 seeds
+(3-3)"; a Ctrl-C while ``map`` handed the seeds to the pool (seconds of it for ``--seeds
+1-1000000``) waited for every seed handed out.  Not mended (strict xfail): a seed given
+twice (``--seeds 1-3 2``, overlapping ranges) is run and counted twice.
 """
 
 from __future__ import annotations
