@@ -498,7 +498,7 @@ def runs_summary(
         f" phase {p} (N={n}): goodput, p99, from 5 s, in band |" for p, n in enumerate(phases, 1)
     )
     lab = f"{len(results)} runs of the lab, the same arrivals each time:"
-    out = [title or f"{lab} what varies is the machine."]
+    out = [f"{lab} what varies is the machine." if title is None else title]
     if table:
         out += [
             "",

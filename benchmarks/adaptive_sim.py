@@ -65,6 +65,7 @@ from benchmarks.adaptive_lab import (
     Decision,
     Decisions,
     markdown,
+    met,
     report,
     runs_summary,
     targets,
@@ -394,11 +395,13 @@ def _run_seed(job: tuple[int, str]) -> dict[str, Any]:
 
 
 def summary(seeds: Sequence[int], noise: str, workers: int | None = None) -> str:
-    """``--summary``: the model over ``seeds`` (one process a core), summarised as the lab's
-    ``--runs`` are: how often each target was met, and every target of phases 1 and 3."""
+    """``--summary``: the model over ``seeds`` (each once: a seed's run is the same every
+    time; one process a core), summarised as the lab's ``--runs`` are: how often each
+    target was met, and every target of phases 1 and 3; then the seeds that missed one."""
+    seeds = list(dict.fromkeys(seeds))
     with ProcessPoolExecutor(workers) as pool:
         try:
-            results = list(pool.map(_run_seed, [(seed, noise) for seed in seeds], chunksize=4))
+            results = list(pool.map(_run_seed, [(seed, noise) for seed in seeds]))
         except BaseException:
             # A Ctrl-C while ``map`` hands the chunks out (seconds of it for a million seeds)
             # escapes ``map``'s own cancelling, and the ``with`` would wait for every chunk.
@@ -408,14 +411,24 @@ def summary(seeds: Sequence[int], noise: str, workers: int | None = None) -> str
     title = (
         f"The model, {noise} noise, {len(seeds)} seed{many} ({_seeds_text(seeds)}): a run a seed."
     )
-    return runs_summary(results, title, table=False)
+    missed = [
+        seed
+        for seed, result in zip(seeds, results, strict=True)
+        if not all(met(v) for v in verdicts(result) if v["phase"] != 2)
+    ]
+    where = f"Seeds that missed one: {_seeds_text(missed)}.\n" if missed else ""
+    return runs_summary(results, title, table=False) + where
 
 
 def _seeds_text(seeds: Sequence[int]) -> str:
-    if len(seeds) == 1:
-        return str(seeds[0])
-    contiguous = list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
-    return f"{seeds[0]}-{seeds[-1]}" if contiguous else ", ".join(map(str, seeds))
+    """``1-80, 101-180``: runs of consecutive seeds as ranges."""
+    spans: list[list[int]] = []
+    for seed in seeds:
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    return ", ".join(f"{low}-{high}" if high > low else str(low) for low, high in spans)
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ The model in virtual time, a seed at a time (about 0.4 s a seed), and a forked p
 an event.  Mended: the summary asked for beside ``--markdown`` or ``--by-limit`` dropped
 them without a word (the three are now refused together); one seed was titled "1 seeds
 (3-3)"; a Ctrl-C while ``map`` handed the seeds to the pool (seconds of it for ``--seeds
-1-1000000``) waited for every seed handed out.  Not mended (strict xfail): a seed given
-twice (``--seeds 1-3 2``, overlapping ranges) is run and counted twice.
+1-1000000``) waited for every seed handed out; a seed given twice (``--seeds 1-3 2``,
+overlapping ranges) was run and counted twice (now once).
 """
 
 from __future__ import annotations
@@ -41,11 +41,8 @@ def test_one_seed_is_titled_as_one() -> None:
     assert text.startswith("The model, quiet noise, 1 seed (3): a run a seed.\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 14: a seed given twice (--seeds 1-3 2, or overlapping ranges 1-100 50-150)"
-    " is run and counted twice: '2 seeds (1, 1)', 'met in 2 of 2 runs' for one seed's run",
-)
+# Mended (was a strict xfail: a seed given twice, --seeds 1-3 2 or overlapping ranges
+# 1-100 50-150, was run and counted twice: '2 seeds (1, 1)', 'met in 2 of 2 runs').
 def test_a_seed_given_twice_is_not_counted_twice() -> None:
     """The model is deterministic: a seed's second run is its first again, so counting it
     twice weighs that seed double in every count of the summary.  Either refused or run

@@ -330,12 +330,29 @@ def test_the_summary_over_seeds_counts_what_each_run_met() -> None:
     seeds = [1, 2, 4]
     text = adaptive_sim.summary(seeds, "loaded", workers=2)
     runs = [adaptive_sim.verdicts(adaptive_sim.run(seed, adaptive_sim.LOADED)) for seed in seeds]
-    both = sum(adaptive_lab.met(run[0]) and adaptive_lab.met(run[2]) for run in runs)
-    assert text.startswith("The model, loaded noise, 3 seeds (1, 2, 4): a run a seed.\n")
-    assert text.endswith(f"Every target of phases 1 and 3 met in {both} of 3 runs.\n")
+    both = sum(both_met(run) for run in runs)
+    assert text.startswith("The model, loaded noise, 3 seeds (1-2, 4): a run a seed.\n")
+    assert f"Every target of phases 1 and 3 met in {both} of 3 runs.\n" in text
     under = sum(run[2]["goodput_share"] < 0.9 for run in runs)
     assert (
         "- phase 3 (N=24): goodput " in text
         and f"under 90% in {under};" in text.split("- phase 3")[1]
     )
     assert "| run |" not in text  # (no table of a row a seed)
+    missed = [seed for seed, run in zip(seeds, runs, strict=True) if not both_met(run)]
+    if missed:
+        assert text.endswith(f"Seeds that missed one: {', '.join(map(str, missed))}.\n")
+    else:
+        assert "Seeds that missed" not in text
+
+
+def both_met(run: list[dict[str, Any]]) -> bool:
+    return adaptive_lab.met(run[0]) and adaptive_lab.met(run[2])
+
+
+def test_the_summary_names_runs_of_seeds_as_ranges() -> None:
+    """The title and the seeds that missed: consecutive seeds as a range (``1-80, 101-180``,
+    not 160 numbers)."""
+    assert adaptive_sim._seeds_text([*range(1, 81), *range(101, 181)]) == "1-80, 101-180"
+    assert adaptive_sim._seeds_text([3]) == "3"
+    assert adaptive_sim._seeds_text([5, 2, 3, 4, 9]) == "5, 2-4, 9"
