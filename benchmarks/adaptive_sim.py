@@ -52,6 +52,7 @@ import bisect
 import heapq
 import itertools
 import random
+import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -378,12 +379,13 @@ def by_limit(who: Run, start: float, end: float, service: float) -> dict[int, di
 
 
 def seed_range(text: str) -> range:
-    """``--seeds``: one seed (``7``) or an inclusive range of them (``1-160``)."""
-    first, dash, last = text.partition("-")
-    try:
-        low, high = int(first), int(last if dash else first)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a seed or a range of seeds: {text!r}") from None
+    """``--seeds``: one seed (``7``, ``-3``: any integer seeds ``random.Random``) or an
+    inclusive range of them (``1-160``, ``-5--3``)."""
+    match = re.fullmatch(r"\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a seed or a range of seeds: {text!r}")
+    low = int(match[1])
+    high = low if match[2] is None else int(match[2])
     if high < low:
         raise argparse.ArgumentTypeError(f"an empty range of seeds: {text!r}")
     return range(low, high + 1)

@@ -315,11 +315,15 @@ def test_every_change_of_an_adaptive_limit_is_accounted_for(
 
 
 def test_seeds_are_given_one_by_one_or_as_ranges() -> None:
-    """``--seeds 1-160 7``: a range is inclusive; a reversed or a non-numeric one is refused
-    with the text given, not read as nothing."""
+    """``--seeds 1-160 7``: a range is inclusive; a seed may be negative (as ``type=int``
+    took it); a reversed or a non-numeric one is refused with the text given, not read as
+    nothing."""
     assert adaptive_sim.seed_range("7") == range(7, 8)
     assert list(adaptive_sim.seed_range("3-5")) == [3, 4, 5]
-    for text in ("5-3", "x", "1-", "-4", "1-2-3"):
+    assert list(adaptive_sim.seed_range(" 1 - 2 ")) == [1, 2]
+    assert adaptive_sim.seed_range("-4") == range(-4, -3)
+    assert list(adaptive_sim.seed_range("-5--3")) == [-5, -4, -3]
+    for text in ("5-3", "x", "1-", "1-2-3", "1--2", "--4", "1.5", ""):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
             adaptive_sim.seed_range(text)
 
