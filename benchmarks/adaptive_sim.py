@@ -66,7 +66,7 @@ from benchmarks.adaptive_lab import (
     Decision,
     Decisions,
     markdown,
-    met,
+    outer_met,
     report,
     runs_summary,
     targets,
@@ -414,9 +414,7 @@ def summary(seeds: Sequence[int], noise: str, workers: int | None = None) -> str
         f"The model, {noise} noise, {len(seeds)} seed{many} ({_seeds_text(seeds)}): a run a seed."
     )
     missed = [
-        seed
-        for seed, result in zip(seeds, results, strict=True)
-        if not all(met(v) for v in verdicts(result) if v["phase"] != 2)
+        seed for seed, result in zip(seeds, results, strict=True) if not outer_met(verdicts(result))
     ]
     where = f"Seeds that missed one: {_seeds_text(missed)}.\n" if missed else ""
     return runs_summary(results, title, table=False) + where
