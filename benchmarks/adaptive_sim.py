@@ -456,6 +456,8 @@ def main() -> None:
         help="the adaptive contestant's responses from 5 s into PHASE by their limit",
     )
     args = parser.parse_args()
+    if args.by_limit is not None and not 1 <= args.by_limit <= len(PHASES):
+        parser.error(f"--by-limit: a phase from 1 to {len(PHASES)}, got {args.by_limit}")
     seeds = [seed for seeds in args.seeds for seed in seeds]
     if args.summary:
         print(summary(seeds, args.noise), end="")
@@ -463,7 +465,7 @@ def main() -> None:
     for seed in seeds:
         runs: list[Run] = []
         result = run(seed, NOISES[args.noise], into=runs)
-        if args.by_limit:
+        if args.by_limit is not None:
             seconds = result["phase_seconds"]
             start = seconds * (args.by_limit - 1)
             rows = by_limit(runs[-1], start + 5, start + seconds, result["service_ms"] / 1000)

@@ -360,3 +360,17 @@ def test_the_summary_names_runs_of_seeds_as_ranges() -> None:
     assert adaptive_sim._seeds_text([*range(1, 81), *range(101, 181)]) == "1-80, 101-180"
     assert adaptive_sim._seeds_text([3]) == "3"
     assert adaptive_sim._seeds_text([5, 2, 3, 4, 9]) == "5, 2-4, 9"
+
+
+@pytest.mark.parametrize("phase", ["0", "4", "-1"])
+def test_by_limit_refuses_a_phase_the_lab_does_not_have(
+    phase: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--by-limit 0`` printed the default output (0 read as "not asked"), ``--by-limit 4``
+    a header over nothing: refused at parsing, naming the phases there are."""
+    monkeypatch.setattr("sys.argv", ["adaptive_sim", "--seeds", "1", f"--by-limit={phase}"])
+    with pytest.raises(SystemExit) as exit_:
+        adaptive_sim.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--by-limit: a phase from 1 to {len(adaptive_lab.PHASES)}, got {phase}" in err
