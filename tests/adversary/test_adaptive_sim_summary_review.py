@@ -38,7 +38,7 @@ def test_the_summary_is_not_asked_for_beside_another_output(
 def test_one_seed_is_titled_as_one() -> None:
     """``--seeds 3 --summary`` was titled "1 seeds (3-3)"."""
     text = adaptive_sim.summary([3], "quiet", workers=1)
-    assert text.startswith("The model, quiet noise, 1 seed (3): a run a seed.\n")
+    assert text.startswith("The model, quiet noise, 15 s a phase, 1 seed (3): a run a seed.\n")
 
 
 # Mended (was a strict xfail: a seed given twice, --seeds 1-3 2 or overlapping ranges
@@ -47,7 +47,7 @@ def test_a_seed_given_twice_is_not_counted_twice() -> None:
     """The model is deterministic: a seed's second run is its first again, so counting it
     twice weighs that seed double in every count of the summary.  Run once."""
     text = adaptive_sim.summary([1, 1], "quiet", workers=1)
-    assert text.startswith("The model, quiet noise, 1 seed (1): a run a seed.\n")
+    assert text.startswith("The model, quiet noise, 15 s a phase, 1 seed (1): a run a seed.\n")
 
 
 FORK = multiprocessing.get_context("fork")

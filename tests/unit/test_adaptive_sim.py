@@ -335,7 +335,9 @@ def test_the_summary_over_seeds_counts_what_each_run_met() -> None:
     text = adaptive_sim.summary(seeds, "loaded", workers=2)
     runs = [adaptive_sim.verdicts(adaptive_sim.run(seed, adaptive_sim.LOADED)) for seed in seeds]
     both = sum(both_met(run) for run in runs)
-    assert text.startswith("The model, loaded noise, 3 seeds (1-2, 4): a run a seed.\n")
+    assert text.startswith(
+        "The model, loaded noise, 15 s a phase, 3 seeds (1-2, 4): a run a seed.\n"
+    )
     assert f"Every target of phases 1 and 3 met in {both} of 3 runs.\n" in text
     under = sum(run[2]["goodput_share"] < 0.9 for run in runs)
     assert (
@@ -374,3 +376,30 @@ def test_by_limit_refuses_a_phase_the_lab_does_not_have(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"--by-limit: a phase from 1 to {len(adaptive_lab.PHASES)}, got {phase}" in err
+
+
+def test_the_summary_runs_the_phases_asked_for() -> None:
+    """``--phase-seconds``: the model's phases last as long as asked (15 s unless), and the
+    summary says how long: its counts are those of runs at that length."""
+    text = adaptive_sim.summary([2], "quiet", workers=1, phase_seconds=30.0)
+    assert text.startswith("The model, quiet noise, 30 s a phase, 1 seed (2): a run a seed.\n")
+    result = adaptive_sim.run(2, adaptive_sim.QUIET, phase_seconds=30.0)
+    assert result["phase_seconds"] == 30.0
+    both = both_met(adaptive_sim.verdicts(result))
+    assert f"Every target of phases 1 and 3 met in {int(both)} of 1 runs.\n" in text
+    assert adaptive_sim.run(2, adaptive_sim.QUIET)["phase_seconds"] == adaptive_sim.PHASE_SECONDS
+
+
+@pytest.mark.parametrize("module", [adaptive_lab, adaptive_sim], ids=["lab", "model"])
+@pytest.mark.parametrize("seconds", ["0", "-15", "nan", "inf"])
+def test_a_phase_of_no_time_is_refused(
+    module: Any, seconds: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--phase-seconds 0`` (or below, or not a number) is refused at parsing, before any
+    server starts or seed runs."""
+    monkeypatch.setattr("sys.argv", ["x", f"--phase-seconds={seconds}"])
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--phase-seconds: a number of seconds above 0, got {float(seconds):g}" in err
