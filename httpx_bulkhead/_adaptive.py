@@ -81,12 +81,14 @@ gain in the model.
   a row since the last cut takes at least one slot: at a small capacity one slot of
   queue is 25% of latency (N=4) yet reads as a ratio of about 1.12, which the rounding
   of the aimed cut would keep for good.  A cut records the limit it cut from (the
-  *ceiling*) and starts a hold.  At small limits (``TEST_BELOW`` and below, with tests)
-  one window over the tolerance after more than ``HOLD`` in a row that found the limit
-  in use and within it counts as such a first window, whatever its ratio: there a cut is
-  a slot at least (12% of the capacity and more) and only the tests win it back, while a
-  queue the limit causes shows in every window and one window alone is a stall of our
-  own process as often as not; the next window over cuts.
+  *ceiling*; after cuts in a row that leave the limit within two tolerances of it, the
+  highest of them: the sawtooth's top, where the next queue will be) and starts a hold.
+  At small limits (``TEST_BELOW`` and below, with tests) one window over the tolerance
+  after more than ``HOLD`` in a row that found the limit in use and within it counts as
+  such a first window, whatever its ratio: there a cut is a slot at least (12% of the
+  capacity and more) and only the tests win it back, while a queue the limit causes
+  shows in every window and one window alone is a stall of our own process as often as
+  not; the next window over cuts.
 - Otherwise, when the limit is in use (its peak at least half, else no evidence: no
   change), after ``HOLD`` windows since the last cut the limit grows:
 
@@ -633,6 +635,7 @@ class Gradient:
         "_below",
         "_calm",
         "_ceiling",
+        "_cut_last",
         "_deviations",
         "_doubled",
         "_drops",
@@ -711,7 +714,8 @@ class Gradient:
         self._below: float | None = None  # a window median well below no_load, if the last
         self._calm = 0  # windows since the last cut
         self._peak = 0  # the highest limit since the last probe
-        self._ceiling = 0  # the limit at the last cut
+        self._ceiling = 0  # the limit at the last cut (the highest of a sawtooth's cuts in a row)
+        self._cut_last = False  # the last window judged cut the limit
         self._over = 0  # windows in a row above the tolerance since the last cut
         self._streak = 0  # windows in a row above the tolerance
         self._steady = 0  # windows in a row that found the limit in use and without a queue
@@ -820,6 +824,7 @@ class Gradient:
             return
         spec = self.spec
         descended = False
+        cut_last, self._cut_last = self._cut_last, False
         if median is not None and self.no_load is not None and median > 0:
             if median >= self.no_load * (1 - DESCENT - margin):
                 self._below = None
@@ -865,7 +870,13 @@ class Gradient:
                     widened = f" (a tolerance of {tolerance:.2f}: the spread)" if margin else ""
                     _moved(self, "queue", f"{what} {ratio:.2f}x the no-load latency{widened}")
                     self._calm = self._over = 0
-                    self._ceiling = before
+                    self._cut_last = True
+                    # Cuts in a row at the sawtooth's top (21 -> 19 -> 18) keep the highest
+                    # as the ceiling: the last one's would read the next climb to the top as
+                    # past the queue (``ESCAPE``) and grow it x1.35 into it.  Not after a fall
+                    # (the limit now further below the ceiling than two tolerances).
+                    top = cut_last and self.base * spec.tolerance**2 >= self._ceiling
+                    self._ceiling = max(self._ceiling, before) if top else before
                     # The spacing of tests starts over.  A test armed before the cut stays
                     # armed and may open in the hold, testing the limit just cut to:
                     # disarming on a cut missed the steady-capacity p99 in the model
@@ -1197,6 +1208,7 @@ class Gradient:
         self._end_test()
         self._armed = False
         self._at_min = self._peak = self._steady = self._doubled = 0
+        self._cut_last = False
         self._probing = True
         self._saved = self.limit
         if limit is None:

@@ -550,3 +550,48 @@ def test_the_window_after_a_probe_is_judged_by_its_median() -> None:
     assert algorithm.applied == 16
     window(algorithm, now, building(16), spacing=0.001)
     assert algorithm.applied >= 16
+
+
+def at_after_probe(limit: int) -> tuple[Gradient, float]:
+    """A gradient restored to ``limit`` slots by its first probe (no-load latency 0.1 s)."""
+    algorithm = Gradient(AdaptiveLimit(initial_limit=limit, probe_interval=None), random.Random(3))
+    now = 0.0
+    while algorithm.no_load is None:
+        now = window(algorithm, now, [0.1] * algorithm.applied)
+    assert algorithm.applied == limit
+    return algorithm, now
+
+
+def quiet_windows(algorithm: Gradient, now: float, count: int) -> list[int]:
+    """``count`` windows at the no-load latency, every slot in use: the limit after each."""
+    limits = []
+    for _ in range(count):
+        now = window(algorithm, now, [0.1] * max(8, algorithm.applied))
+        limits.append(algorithm.applied)
+    return limits
+
+
+def test_cuts_in_a_row_at_the_top_keep_the_highest_as_the_last_queue() -> None:
+    """Two cuts in a row at the sawtooth's top (21 -> 19 -> 18) marked the last queue at 19,
+    so the climb back read 21 as past it (``ESCAPE``: 10% and two slots beyond) and grew it
+    x1.35 to 28, into the queue 21 had just shown (a lab run's phase 1 p99 1.72x).  The
+    highest of the cuts in a row marks it: the climb goes on a slot a window past 21."""
+    algorithm, now = at_after_probe(21)
+    now = window(algorithm, now, [0.12] * 21)  # 1.2x: cut to 19
+    assert algorithm.applied == 19
+    now = window(algorithm, now, [0.116] * 19)  # 1.16x: cut to 18
+    assert algorithm.applied == 18
+    limits = quiet_windows(algorithm, now, 7)
+    assert limits == [18, 18, 19, 20, 21, 22, 23]  # (the hold, then a slot a window)
+
+
+def test_after_a_fall_the_last_cut_marks_the_queue() -> None:
+    """Cuts in a row that leave the limit far below the first (a fall: 21 -> 13 -> 12) mark
+    the last queue at the last cut, as one cut does: the climb escapes past it x1.35 once
+    10% and two slots beyond (15), not a slot a window up to 23."""
+    algorithm, now = at_after_probe(21)
+    now = window(algorithm, now, [0.175] * 21)
+    assert algorithm.applied == 13
+    now = window(algorithm, now, [0.12] * 13)
+    assert algorithm.applied == 12
+    assert quiet_windows(algorithm, now, 6) == [12, 12, 13, 14, 15, 20]
