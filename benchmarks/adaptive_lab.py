@@ -479,6 +479,17 @@ def _x(value: float) -> str:
     return f"{value:.3f}x" if near else f"{value:.2f}x"
 
 
+def _share(value: float, digits: int = 1) -> str:
+    """A share as a percentage (``-``: none, as ``_x``: a phase of 5 s or less from 5 s in,
+    or a phase without responses)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}%}"
+
+
+def _ms(value: float) -> str:
+    """Milliseconds (``-``: none, as ``_x``)."""
+    return "-" if math.isnan(value) else f"{value:.0f} ms"
+
+
 def _figures(values: Iterable[float]) -> list[float]:
     """The figures there are (a phase without responses, or nothing from 5 s in: nan)."""
     return [value for value in values if not math.isnan(value)]
@@ -565,10 +576,10 @@ def targets(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"phase {v['phase']} (N={v['N']}): within 25% of N in under 5 s:"
             f" {verdict(first is not None and first < TARGET_BAND_S)} (first at"
-            f" {_seconds(first)}; in the band {v['in_band_after_5s']:.0%} of the time from"
+            f" {_seconds(first)}; in the band {_share(v['in_band_after_5s'], 0)} of the time from"
             f" 5 s in; stays there to the phase's end from {_seconds(stays)});"
             f" goodput >= 90% of the best static: {verdict(share >= TARGET_GOODPUT)}"
-            f" ({share:.1%}; {v['goodput_after_5s_share']:.1%} from 5 s in);"
+            f" ({_share(share)}; {_share(v['goodput_after_5s_share'])} from 5 s in);"
             f" p99 <= 1.5x service: {verdict(p99 <= TARGET_P99)} ({_x(p99)};"
             f" {_x(v['p99_after_5s_x'])} from 5 s in; too-high static"
             f" {_x(v['too_high_p99_x'])})"
@@ -603,7 +614,7 @@ def capacity_fell(result: dict[str, Any]) -> list[str]:
             + (
                 ": no limit set after the fall can bring this phase's whole p99 under 1.5x,"
                 " so its target is read from 5 s in"
-                f" ({row['p99_after_5s_ms'] / service:.2f}x)."
+                f" ({_x(row['p99_after_5s_ms'] / service)})."
                 if bounded
                 else "."
             )
@@ -677,13 +688,13 @@ def markdown(result: dict[str, Any]) -> str:
             else "-"
         )
         first = r["first_in_band_s"]
-        settle = "-" if first is None else f"{first:.1f} s, {r['in_band_after_5s']:.0%}"
+        settle = "-" if first is None else f"{first:.1f} s, {_share(r['in_band_after_5s'], 0)}"
         if r["contestant"] != "adaptive":
             settle = ""
         out.append(
             f"| {r['phase']} | {r['N']} ({r['capacity']:.0f}/s) | {r['contestant']} |"
-            f" {r['goodput']:.1f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms |"
-            f" {r['p99_after_5s_ms']:.0f} ms | {r['rejected']} | {lim} | {settle} |"
+            f" {r['goodput']:.1f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} |"
+            f" {_ms(r['p99_after_5s_ms'])} | {r['rejected']} | {lim} | {settle} |"
             + ("" if shed is None else f" {r['refused']} |")
         )
     out += ["", *(f"- {line}" for line in targets(result))]
