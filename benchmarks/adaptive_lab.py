@@ -64,16 +64,18 @@ from httpx_bulkhead import AdaptiveLimit, BulkheadFull, BulkheadTransport, Polic
 
 HERE = Path(__file__).resolve().parent
 PHASES = (16, 4, 24)
-#: Seconds a phase.  The issue gives no length, but its targets imply one: a limit may take
-#: up to 5 s to settle, and a climb from 4 slots into the band of 24 (18) that does so, each
-#: step a fixed factor, spends most of those 5 s low (about 9 slots on average) and loses
-#: some 3 s of the capacity, which a phase must be about 30 s long to absorb and keep 90% of
-#: the best static limit's goodput (phase 3's, 64, starts the phase with a queue ready and
-#: loses none).  Ours settles in 1.0-1.7 s and loses about one; over 15 s that was 6-8% of
-#: phase 3, whose goodput then landed within two points of the target either way, so the
-#: machine's noise decided (every target of phases 1 and 3 met in 20 of 24 runs on
-#: 2026-12-02).  ``--phase-seconds 15`` runs that harsher lab; the model (``adaptive_sim``)
-#: runs 15 s phases unless told.
+#: Seconds a phase.  The issue gives no length; this one is a choice, made after misses at
+#: 15 s.  A limit may take up to 5 s to settle, and a climb from 4 slots into the band of 24
+#: (18) that does so, each step a fixed factor, spends most of those 5 s low (about 9 slots
+#: on average) and loses some 3 s of the capacity, which a phase of 30 s absorbs at 90% of
+#: the best static limit's goodput only if nothing else is lost (phase 3's best, 64, starts
+#: the phase with a queue ready and loses none; ours keeps 96-99% of it from 5 s in, at which
+#: 34-45 s).  Ours is in the band 1.0-2.0 s after the rise and loses one to two seconds;
+#: over 15 s phase 3's goodput then landed within two points of the target either way, so
+#: the machine's noise decided (every target of phases 1 and 3 met in 20 of 24 runs on
+#: 2026-12-02, a loaded machine).  The figures from 5 s in do not depend on the length.
+#: ``--phase-seconds 15`` runs that harsher lab; the model (``adaptive_sim``) runs 15 s
+#: phases unless told.
 PHASE_SECONDS = 30.0
 SAMPLE_EVERY = 0.05
 SETTLE_BAND = 0.25
