@@ -64,16 +64,18 @@ from httpx_bulkhead import AdaptiveLimit, BulkheadFull, BulkheadTransport, Polic
 
 HERE = Path(__file__).resolve().parent
 PHASES = (16, 4, 24)
-#: Seconds a phase.  The issue gives no length, but its targets imply one: a limit may take
-#: up to 5 s to settle, and a climb from 4 slots into the band of 24 (18) that does so, each
-#: step a fixed factor, spends most of those 5 s low (about 9 slots on average) and loses
-#: some 3 s of the capacity, which a phase must be about 30 s long to absorb and keep 90% of
-#: the best static limit's goodput (phase 3's, 64, starts the phase with a queue ready and
-#: loses none).  Ours settles in 1.0-1.7 s and loses about one; over 15 s that was 6-8% of
-#: phase 3, whose goodput then landed within two points of the target either way, so the
-#: machine's noise decided (every target of phases 1 and 3 met in 20 of 24 runs on
-#: 2026-12-02).  ``--phase-seconds 15`` runs that harsher lab; the model (``adaptive_sim``)
-#: runs 15 s phases unless told.
+#: Seconds a phase.  The issue gives no length; this one is a choice, made after misses at
+#: 15 s.  A limit may take up to 5 s to settle, and a climb from 4 slots into the band of 24
+#: (18) that does so, each step a fixed factor, spends most of those 5 s low (about 9 slots
+#: on average) and loses some 3 s of the capacity, which a phase of 30 s absorbs at 90% of
+#: the best static limit's goodput only if nothing else is lost (phase 3's best, 64, starts
+#: the phase with a queue ready and loses none; ours keeps 96-99% of it from 5 s in, at which
+#: 34-45 s).  Ours is in the band 1.0-2.0 s after the rise and loses one to two seconds;
+#: over 15 s phase 3's goodput then landed within two points of the target either way, so
+#: the machine's noise decided (every target of phases 1 and 3 met in 20 of 24 runs on
+#: 2026-12-02, a loaded machine).  The figures from 5 s in do not depend on the length.
+#: ``--phase-seconds 15`` runs that harsher lab; the model (``adaptive_sim``) runs 15 s
+#: phases unless told.
 PHASE_SECONDS = 30.0
 SAMPLE_EVERY = 0.05
 SETTLE_BAND = 0.25
@@ -479,6 +481,17 @@ def _x(value: float) -> str:
     return f"{value:.3f}x" if near else f"{value:.2f}x"
 
 
+def _share(value: float, digits: int = 1) -> str:
+    """A share as a percentage (``-``: none, as ``_x``: a phase of 5 s or less from 5 s in,
+    or a phase without responses)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}%}"
+
+
+def _ms(value: float) -> str:
+    """Milliseconds (``-``: none, as ``_x``)."""
+    return "-" if math.isnan(value) else f"{value:.0f} ms"
+
+
 def _figures(values: Iterable[float]) -> list[float]:
     """The figures there are (a phase without responses, or nothing from 5 s in: nan)."""
     return [value for value in values if not math.isnan(value)]
@@ -565,10 +578,10 @@ def targets(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"phase {v['phase']} (N={v['N']}): within 25% of N in under 5 s:"
             f" {verdict(first is not None and first < TARGET_BAND_S)} (first at"
-            f" {_seconds(first)}; in the band {v['in_band_after_5s']:.0%} of the time from"
+            f" {_seconds(first)}; in the band {_share(v['in_band_after_5s'], 0)} of the time from"
             f" 5 s in; stays there to the phase's end from {_seconds(stays)});"
             f" goodput >= 90% of the best static: {verdict(share >= TARGET_GOODPUT)}"
-            f" ({share:.1%}; {v['goodput_after_5s_share']:.1%} from 5 s in);"
+            f" ({_share(share)}; {_share(v['goodput_after_5s_share'])} from 5 s in);"
             f" p99 <= 1.5x service: {verdict(p99 <= TARGET_P99)} ({_x(p99)};"
             f" {_x(v['p99_after_5s_x'])} from 5 s in; too-high static"
             f" {_x(v['too_high_p99_x'])})"
@@ -603,7 +616,7 @@ def capacity_fell(result: dict[str, Any]) -> list[str]:
             + (
                 ": no limit set after the fall can bring this phase's whole p99 under 1.5x,"
                 " so its target is read from 5 s in"
-                f" ({row['p99_after_5s_ms'] / service:.2f}x)."
+                f" ({_x(row['p99_after_5s_ms'] / service)})."
                 if bounded
                 else "."
             )
@@ -677,13 +690,13 @@ def markdown(result: dict[str, Any]) -> str:
             else "-"
         )
         first = r["first_in_band_s"]
-        settle = "-" if first is None else f"{first:.1f} s, {r['in_band_after_5s']:.0%}"
+        settle = "-" if first is None else f"{first:.1f} s, {_share(r['in_band_after_5s'], 0)}"
         if r["contestant"] != "adaptive":
             settle = ""
         out.append(
             f"| {r['phase']} | {r['N']} ({r['capacity']:.0f}/s) | {r['contestant']} |"
-            f" {r['goodput']:.1f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms |"
-            f" {r['p99_after_5s_ms']:.0f} ms | {r['rejected']} | {lim} | {settle} |"
+            f" {r['goodput']:.1f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} |"
+            f" {_ms(r['p99_after_5s_ms'])} | {r['rejected']} | {lim} | {settle} |"
             + ("" if shed is None else f" {r['refused']} |")
         )
     out += ["", *(f"- {line}" for line in targets(result))]

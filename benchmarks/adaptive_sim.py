@@ -483,6 +483,12 @@ def main() -> None:
     seeds = [seed for seeds in args.seeds for seed in seeds]
     if not (math.isfinite(args.phase_seconds) and args.phase_seconds > 0):
         parser.error(f"--phase-seconds: a number of seconds above 0, got {args.phase_seconds:g}")
+    if args.by_limit is not None and args.phase_seconds <= 5:
+        # Its rows are the responses from 5 s into the phase: there would be none.
+        parser.error(
+            f"--by-limit reads a phase from 5 s in: --phase-seconds above 5, got"
+            f" {args.phase_seconds:g}"
+        )
     if args.summary:
         print(summary(seeds, args.noise, phase_seconds=args.phase_seconds), end="")
         return

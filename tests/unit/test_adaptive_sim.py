@@ -393,11 +393,27 @@ def test_the_summary_runs_the_phases_asked_for() -> None:
 @pytest.mark.parametrize("module", [adaptive_lab, adaptive_sim], ids=["lab", "model"])
 @pytest.mark.parametrize("seconds", ["0", "-15", "nan", "inf"])
 def test_a_phase_of_no_time_is_refused(
-    module: Any, seconds: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    module: Any,
+    seconds: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``--phase-seconds 0`` (or below, or not a number) is refused at parsing, before any
-    server starts or seed runs."""
-    monkeypatch.setattr("sys.argv", ["x", f"--phase-seconds={seconds}"])
+    server starts or seed runs.  Should the refusal go, the test fails at once rather than
+    run the real lab (servers, processes, and the committed report overwritten: no
+    ``--out``) or the model."""
+
+    def reached(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("ran, where it should have refused")
+
+    monkeypatch.setattr(module, "run", reached)
+    monkeypatch.setattr(
+        "sys.argv",
+        ["x", f"--phase-seconds={seconds}", "--out", str(tmp_path / "lab")]
+        if module is adaptive_lab
+        else ["x", f"--phase-seconds={seconds}"],
+    )
     with pytest.raises(SystemExit) as exit_:
         module.main()
     assert exit_.value.code == 2
