@@ -77,6 +77,9 @@ PHASES = (16, 4, 24)
 #: ``--phase-seconds 15`` runs that harsher lab; the model (``adaptive_sim``) runs 15 s
 #: phases unless told.
 PHASE_SECONDS = 30.0
+#: The longest phase the lab and the model take: both draw every arrival up front (300 a
+#: second), and the model keeps every request's record (``1e9`` ran out of memory).
+MAX_PHASE_SECONDS = 600.0
 SAMPLE_EVERY = 0.05
 SETTLE_BAND = 0.25
 #: With ``--shed``: the AIMD contestant, driven by the dependency's 503s.
@@ -487,6 +490,11 @@ def _share(value: float, digits: int = 1) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}%}"
 
 
+def _of(goodput: float, best: float) -> str:
+    """``goodput`` as a share of ``best`` (``-``: no static response in the phase)."""
+    return _share(goodput / best if best else math.nan)
+
+
 def _ms(value: float) -> str:
     """Milliseconds (``-``: none, as ``_x``)."""
     return "-" if math.isnan(value) else f"{value:.0f} ms"
@@ -638,13 +646,14 @@ def shed_lines(result: dict[str, Any]) -> list[str]:
         best = max(by[(phase, name)]["goodput"] for name in ("static 64", "static 16"))
         low, high = aimd["limit_min_after_5s"], aimd["limit_max_after_5s"]
         sent = aimd["responses"] + aimd["refused"]
+
         lines.append(
             f"phase {phase} (N={n}, refusing from {n + shed} in flight): aimd's limit from 5 s"
-            f" in {low}-{high}, goodput {aimd['goodput'] / best:.1%} of the best static,"
+            f" in {low}-{high}, goodput {_of(aimd['goodput'], best)} of the best static,"
             f" {aimd['refused']} refused ({aimd['refused'] / max(sent, 1):.1%} of its answers),"
-            f" p99 {aimd['p99_ms'] / service:.2f}x (the dependency's queue, full);"
+            f" p99 {_x(aimd['p99_ms'] / service)} (the dependency's queue, full);"
             f" the gradient: {gradient['refused']} refused, goodput"
-            f" {gradient['goodput'] / best:.1%}, p99 {gradient['p99_ms'] / service:.2f}x"
+            f" {_of(gradient['goodput'], best)}, p99 {_x(gradient['p99_ms'] / service)}"
         )
     return lines
 
@@ -790,8 +799,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
-    if not (math.isfinite(args.phase_seconds) and args.phase_seconds > 0):
-        parser.error(f"--phase-seconds: a number of seconds above 0, got {args.phase_seconds:g}")
+    if error := phase_seconds_error(args.phase_seconds):
+        parser.error(error)
     variant = ("" if args.shed is None else "_shed") + ("" if args.sigma is None else "_spread")
     out: Path = args.out or HERE / f"adaptive_lab{variant}"
     if args.runs > 1:
@@ -803,6 +812,13 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(text)
     plot(result, out.with_suffix(".png"))
+
+
+def phase_seconds_error(seconds: float) -> str | None:
+    """Why ``--phase-seconds`` is refused (the lab's and the model's), or ``None``."""
+    if math.isfinite(seconds) and 0 < seconds <= MAX_PHASE_SECONDS:
+        return None
+    return f"--phase-seconds: seconds above 0 and at most {MAX_PHASE_SECONDS:g}, got {seconds:g}"
 
 
 def several(args: argparse.Namespace, out: Path) -> str:

@@ -55,7 +55,6 @@ import argparse
 import bisect
 import heapq
 import itertools
-import math
 import random
 import re
 from collections import deque
@@ -72,6 +71,7 @@ from benchmarks.adaptive_lab import (
     Decisions,
     markdown,
     outer_met,
+    phase_seconds_error,
     report,
     runs_summary,
     targets,
@@ -481,8 +481,8 @@ def main() -> None:
     if args.by_limit is not None and not 1 <= args.by_limit <= len(PHASES):
         parser.error(f"--by-limit: a phase from 1 to {len(PHASES)}, got {args.by_limit}")
     seeds = [seed for seeds in args.seeds for seed in seeds]
-    if not (math.isfinite(args.phase_seconds) and args.phase_seconds > 0):
-        parser.error(f"--phase-seconds: a number of seconds above 0, got {args.phase_seconds:g}")
+    if error := phase_seconds_error(args.phase_seconds):
+        parser.error(error)
     if args.by_limit is not None and args.phase_seconds <= 5:
         # Its rows are the responses from 5 s into the phase: there would be none.
         parser.error(

@@ -3,11 +3,13 @@
 The lab's phases became 30 s by default and the model took ``--phase-seconds`` too, checked
 above 0.  Mended: a phase of 5 s or less (the lab's own docstring runs 3 s phases) printed
 ``nan%`` and ``nanx`` where ``_x`` already printed ``-``; ``--by-limit`` over such a phase
-printed a header over nothing, as ``--by-limit 4`` did before d2b99ad.  Left (strict
-xfail): a huge ``--phase-seconds`` is taken, and the model draws every arrival up front
-(``poisson``), so ``1e9`` grows until a ``MemoryError`` traceback, the machine's memory
-gone first.  Also checked here: the paths the change's tests left out (the model's
-``--phase-seconds`` without ``--summary``; the lab's 30 s default), each able to fail.
+printed a header over nothing, as ``--by-limit 4`` did before d2b99ad.  Left by the review
+and mended after it: a huge ``--phase-seconds`` was taken, and the model draws every arrival
+up front (``poisson``), so ``1e9`` grew until a ``MemoryError`` traceback (now 600 s a phase
+at most); with ``--shed``, a phase in which no static contestant was answered (a tiny run on a
+busy machine) stopped the report with a ``ZeroDivisionError``.  Also checked here: the paths
+the change's tests left out (the model's ``--phase-seconds`` without ``--summary``; the lab's
+30 s default), each able to fail.
 
 No test here runs the real lab: ``adaptive_lab.run`` is replaced by one that fails the test
 if reached, so a refusal that regresses cannot start servers or write the committed report.
@@ -118,20 +120,29 @@ def test_the_lab_runs_30_s_phases_unless_told(
     assert adaptive_sim.PHASE_SECONDS == 15.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=Reached,
-    reason="left: a phase too long to model is taken; poisson() draws every arrival up front",
-)
 def test_the_model_refuses_a_phase_it_cannot_hold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``--phase-seconds 1e9`` is taken, and ``poisson`` appends 300 arrivals a second for
-    3e9 s: memory grows for minutes until a ``MemoryError`` traceback (60 s under a 3 GB
-    ``ulimit -v`` for ``1e7``).  Refusing a length with more arrivals than memory holds
-    (or drawing them lazily) would mend it; ``run`` is replaced here, so nothing is drawn."""
+    """``--phase-seconds 1e9`` was taken, and ``poisson`` appends 300 arrivals a second for
+    3e9 s: memory grew for minutes until a ``MemoryError`` traceback (60 s under a 3 GB
+    ``ulimit -v`` for ``1e7``).  Mended after the review: both CLIs take 600 s a phase at
+    most (``adaptive_lab.MAX_PHASE_SECONDS``); ``run`` is replaced here, so nothing is drawn."""
     _never_run_model(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["adaptive_sim", "--seeds", "1", "--phase-seconds", "1e9"])
     with pytest.raises(SystemExit) as exit_:
         adaptive_sim.main()
     assert exit_.value.code == 2
+
+
+def test_a_shedding_phase_without_static_responses_is_reported() -> None:
+    """``tests/test_adaptive_lab.py``'s tiny shedding lab (0.5 s phases), on a machine busy
+    with the model, once had a phase in which neither static contestant was answered: the
+    report divided by that best static goodput of 0 (``shed_lines``).  Now a ``-``."""
+    result = adaptive_sim.run(1, adaptive_sim.QUIET, phase_seconds=6.0, shed=8)
+    for row in result["rows"]:
+        if row["phase"] == 1 and row["contestant"].startswith("static"):
+            row["goodput"] = 0.0
+    line = next(x for x in adaptive_lab.shed_lines(result) if x.startswith("phase 1 "))
+    assert "goodput - of the best static" in line and "the gradient: " in line
+    assert ", goodput -, p99 " in line
+    assert "nan" not in adaptive_lab.markdown(result).lower()

@@ -391,7 +391,7 @@ def test_the_summary_runs_the_phases_asked_for() -> None:
 
 
 @pytest.mark.parametrize("module", [adaptive_lab, adaptive_sim], ids=["lab", "model"])
-@pytest.mark.parametrize("seconds", ["0", "-15", "nan", "inf"])
+@pytest.mark.parametrize("seconds", ["0", "-15", "nan", "inf", "600.5", "1e9"])
 def test_a_phase_of_no_time_is_refused(
     module: Any,
     seconds: str,
@@ -399,10 +399,10 @@ def test_a_phase_of_no_time_is_refused(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``--phase-seconds 0`` (or below, or not a number) is refused at parsing, before any
-    server starts or seed runs.  Should the refusal go, the test fails at once rather than
-    run the real lab (servers, processes, and the committed report overwritten: no
-    ``--out``) or the model."""
+    """``--phase-seconds 0`` (or below, or not a number, or more than the 600 s whose
+    arrivals the model holds) is refused at parsing, before any server starts or seed runs.
+    Should the refusal go, the test fails at once rather than run the real lab (servers,
+    processes, and the committed report overwritten: no ``--out``) or the model."""
 
     def reached(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("ran, where it should have refused")
@@ -418,4 +418,5 @@ def test_a_phase_of_no_time_is_refused(
         module.main()
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"--phase-seconds: a number of seconds above 0, got {float(seconds):g}" in err
+    expected = f"--phase-seconds: seconds above 0 and at most 600, got {float(seconds):g}"
+    assert expected in err
