@@ -73,7 +73,7 @@ PHASES = (16, 4, 24)
 #: 34-45 s).  Ours is in the band 1.0-2.0 s after the rise and loses one to two seconds;
 #: over 15 s phase 3's goodput then landed within two points of the target either way, so
 #: the machine's noise decided (every target of phases 1 and 3 met in 20 of 24 runs on
-#: 2026-12-02, a loaded machine).  The figures from 5 s in do not depend on the length.
+#: 2026-12-02, load average 0.7-1.6).  The figures from 5 s in do not depend on the length.
 #: ``--phase-seconds 15`` runs that harsher lab; the model (``adaptive_sim``) runs 15 s
 #: phases unless told.
 PHASE_SECONDS = 30.0
