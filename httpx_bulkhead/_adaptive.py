@@ -131,14 +131,10 @@ queues half the time: in the model at a steady 16 workers, lognormal spreads of 
 and 0.16 of a static 16's, quiet, seeds 1-12).  So the gradient measures the spread: the log
 latencies of the last ``SPREAD_SAMPLES`` exchanges of full windows, each less its
 window's median (a queue moves a window as a whole; what is left is the dependency's own
-spread; but not of a window that read a queue, which mixes exchanges that waited with ones
-that did not, the capacity falling under it or a raise's queue building: read as spread,
-a fall's windows widened the tolerance enough, in a lab run, for a slot or two of queue to
-stand at 4 workers for 6 s, phase 2's p99 from 5 s in 1.77x), their interquartile range
-as a standard deviation (robust to the few exchanges a test or a stall delays; a deviation
-from its own window's median is smaller than from the dependency's, by ``CENTRE_BIAS / n``
-of its variance, which is corrected; a latency of 0, a clock too coarse to see it, is left
-out).  Above ``TEST_SPREAD`` the spread is
+spread), their interquartile range as a standard deviation (robust to the few exchanges
+a test or a stall delays; a deviation from its own window's median is smaller than from
+the dependency's, by ``CENTRE_BIAS / n`` of its variance, which is corrected; a latency
+of 0, a clock too coarse to see it, is left out).  Above ``TEST_SPREAD`` the spread is
 *wide*: a window of n samples is judged against ``tolerance`` plus whatever ``SPREAD_Z``
 standard errors of the ratio of the window's median to the probes' estimate (of
 their samples) exceed it (``_margin``; up to ``MAX_TOLERANCE`` in all), the fall of a median
@@ -805,8 +801,8 @@ class Gradient:
         median = _median(samples) if samples else None
         margin = self._margin(len(samples))
         tolerance = self.spec.tolerance + margin
+        self._measure_spread(samples, median)
         if self._probing:
-            self._measure_spread(samples, median)
             self._probing = False
             self.limit = self._saved
             if median:  # (a clock too coarse to see a latency gives no estimate)
@@ -829,7 +825,6 @@ class Gradient:
         spec = self.spec
         descended = False
         cut_last, self._cut_last = self._cut_last, False
-        queued = False  # the window read a queue (its spread is partly the queue's)
         if median is not None and self.no_load is not None and median > 0:
             if median >= self.no_load * (1 - DESCENT - margin):
                 self._below = None
@@ -851,7 +846,6 @@ class Gradient:
                 if len(later) * 4 >= len(samples):
                     judged, what = _median(later), "median of the later starters"
             ratio = judged / self.no_load
-            queued = ratio > tolerance
             # At a small limit a cut is a slot at least, and only tests win it back: one
             # window over the tolerance after more than HOLD that found this limit without
             # a queue is our own stall as often as not (a queue shows in every window).
@@ -900,8 +894,6 @@ class Gradient:
                     self._skip -= 1
                     if self._skip < 0:
                         self._armed = True
-        if not queued:
-            self._measure_spread(samples, median)
         if drops:
             self.limit *= spec.backoff
             _moved(self, "drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")

@@ -595,17 +595,3 @@ def test_after_a_fall_the_last_cut_marks_the_queue() -> None:
     now = window(algorithm, now, [0.12] * 13)
     assert algorithm.applied == 12
     assert quiet_windows(algorithm, now, 6) == [12, 12, 13, 14, 15, 20]
-
-
-def test_a_window_that_read_a_queue_does_not_widen_the_spread() -> None:
-    """A window that read a queue mixes exchanges that waited with ones that did not (the
-    capacity fell under it; the first window after a raise into a queue): their dispersion
-    is the queue's, not the dependency's.  Measured as spread, it read as a wide one, the
-    tolerance widened, and a slot or two of queue stood at a small capacity (a lab run at 4
-    workers: the limit at 5-6 for 6 s, phase 2's p99 from 5 s in 1.77x).  Such windows are
-    left out of the spread: the next window's queue is cut."""
-    algorithm, now = at_after_probe(16)
-    now = window(algorithm, now, [0.1 + 0.4 * i / 15 for i in range(16)])  # 3x: the fall
-    assert algorithm.applied == 8
-    now = window(algorithm, now, [0.13] * 8)  # a queue of 30%, no spread of its own
-    assert algorithm.applied < 8
