@@ -14,7 +14,21 @@ What held: at a steady 16 workers in the lab's model (``run(seed, QUIET, sigma=.
 phases=(16,), phase_seconds=30)``, seeds 1-12), sigma 0.5 and 1 give the adaptive limit
 1.050/0.991 of a static 16's goodput from 5 s in (1.045/0.995 before 1f3a821): with no
 refusals the first probe's window measures the spread (wide by its end in every seed), and
-windows without a queue keep it up to date.
+windows without a queue keep it up to date.  At a share of fast refusals it does not (the
+last xfail): the probe's window and windows at small limits hold fewer than
+``WINDOW_SAMPLES`` latencies and measure nothing, and the windows that read over the
+unwidened tolerance are now left out too (at 10% refused, sigma 1, seeds 1-24: wide by round
+48 at the latest, 11 before 1f3a821; one run at 4 slots or fewer for 21% of its rounds, 7%).
+
+Measured, not a defect: keeping the highest cut costs the climb after a small fall that
+does not last.  In a saturated rotation (capacity 20, 40 or 80; a fall to 0.9, 0.85 or 0.8
+of it for 1 s, then 1.5x it; seeds 1-12, 108 runs), the limit reached the new capacity
+1.786 s after the rise on average at 20e5bd2, 1.736 s before it.  A mend of the first xfail
+(the run of cuts kept over a window over the tolerance that moved nothing, reset by a
+window within it or a probe) gave the same model summaries as main (15 s phases, seeds
+1-160: 132 and 40 runs meeting every target of phases 1 and 3, quiet and loaded, every
+figure the same) but 2.054 s there (80 -> 66 -> 120: 3.8 s against 2.7 s), so it is left
+to the authors to weigh, not landed.
 """
 
 from __future__ import annotations
@@ -178,3 +192,39 @@ def test_with_a_share_of_refusals_a_wide_spread_is_still_learned(
         wide, low = learned_and_low(seed, sigma, refused)
         assert wide <= 40, (seed, wide)
         assert low <= 0.15, (seed, low)
+
+
+def climb_after_a_short_fall(seed: int, capacity: int, fall: float) -> float:
+    """A saturated rotation (100 ms, +-10%) at ``capacity`` workers for 10 s, at ``fall`` of
+    them for 1 s, then at 1.5x them: the seconds from the rise until the limit reaches the
+    new capacity."""
+    rng = random.Random(seed)
+    spec = AdaptiveLimit(initial_limit=capacity, probe_interval=None, max_limit=400)
+    algorithm = Gradient(spec, rng)
+    rise, high = 11.0, int(capacity * 1.5)
+    now = 0.0
+    while True:
+        workers = capacity if now < 10.0 else int(capacity * fall) if now < rise else high
+        limit = algorithm.applied
+        queue = max(1.0, limit / workers)
+        latencies = sorted(0.1 * queue * rng.uniform(0.9, 1.1) for _ in range(limit))
+        for latency in latencies:
+            algorithm.update(now + latency, now, latency, False, limit)
+        now += 0.1 * queue
+        if now >= rise and algorithm.applied >= high:
+            return now - rise
+
+
+def test_the_climb_after_a_short_small_fall_is_about_as_quick_as_before() -> None:
+    """(Held: the cost of 20e5bd2 measured in the module docstring.)  Falls to 0.9, 0.85 and
+    0.8 of 20, 40 and 80 workers for 1 s read as the sawtooth's top (within two tolerances),
+    so the ceiling stays where it was before the fall and the climb after the rise goes a
+    slot a window for longer: 1.786 s on average, 1.736 s before 20e5bd2 (2.054 s with the
+    run of cuts kept over windows that moved nothing).  At most 1.9 s."""
+    climbs = [
+        climb_after_a_short_fall(seed, capacity, fall)
+        for capacity in (20, 40, 80)
+        for fall in (0.9, 0.85, 0.8)
+        for seed in range(1, 13)
+    ]
+    assert sum(climbs) / len(climbs) <= 1.9
