@@ -12,7 +12,8 @@ held.  The windows are fed as ``tests/unit/test_adaptive.py`` feeds them (``wind
 
 What held: at a steady 16 workers in the lab's model (``run(seed, QUIET, sigma=...,
 phases=(16,), phase_seconds=30)``, seeds 1-12), sigma 0.5 and 1 give the adaptive limit
-1.050/0.991 of a static 16's goodput from 5 s in (1.045/0.995 before 1f3a821): with no
+1.050/0.991 of a static 16's goodput from 5 s in (1.045/0.995 before 1f3a821; loaded,
+seeds 1-24: 1.073/0.993, the worst run 0.96/0.72, against 1.070/0.983, 0.89/0.41): with no
 refusals the first probe's window measures the spread (wide by its end in every seed), and
 windows without a queue keep it up to date.  At a share of fast refusals it does not (the
 last xfail): the probe's window and windows at small limits hold fewer than
