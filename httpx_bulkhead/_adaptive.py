@@ -129,13 +129,20 @@ next with no queue at all.  Judged against a fixed tolerance of 10%, such window
 queues half the time: in the model at a steady 16 workers, lognormal spreads of sigma
 0.25, 0.5 and 1 held the limit at a slot or two for much of the run (goodput 0.74, 0.42
 and 0.16 of a static 16's, quiet, seeds 1-12).  So the gradient measures the spread: the log
-latencies of the last ``SPREAD_SAMPLES`` exchanges of full windows, each less its
-window's median (a queue moves a window as a whole; what is left is the dependency's own
-spread), their interquartile range as a standard deviation (robust to the few exchanges
-a test or a stall delays; a deviation from its own window's median is smaller than from
-the dependency's, by ``CENTRE_BIAS / n`` of its variance, which is corrected; a latency
-of 0, a clock too coarse to see it, is left out).  Above ``TEST_SPREAD`` the spread is
-*wide*: a window of n samples is judged against ``tolerance`` plus whatever ``SPREAD_Z``
+latencies of the last ``SPREAD_SAMPLES`` exchanges of full windows, each less its window's
+median (a queue moves a window as a whole; what is left is the dependency's own spread; but
+while the spread measured reads narrow, not a window whose median reads over the tolerance
+its own dispersion would widen to: the capacity fell under it, and it mixes exchanges that
+waited with ones that did not; taken as spread, a fall's windows read a spread of 0.32, the
+tolerance widened to 1.26-1.41 and a slot or two of queue stood at 4 workers for 6 s in a
+lab run.  Judged by the window's own dispersion, not by the tolerance, so that a wide spread
+is still learned from the windows that show it: left out for reading over the narrow
+tolerance, with a share of fast refusals it was learned at round 91, not 23, in a review's
+rotation), their interquartile range as a standard deviation (robust to the few exchanges a
+test or a stall delays; a deviation from its own window's median is smaller than from the
+dependency's, by ``CENTRE_BIAS / n`` of its variance, which is corrected; a latency of 0, a
+clock too coarse to see it, is left out).  Above ``TEST_SPREAD`` the spread is *wide*: a
+window of n samples is judged against ``tolerance`` plus whatever ``SPREAD_Z``
 standard errors of the ratio of the window's median to the probes' estimate (of
 their samples) exceed it (``_margin``; up to ``MAX_TOLERANCE`` in all), the fall of a median
 that moves ``no_load`` is widened as much, and no headroom test is run (the wait of its
@@ -801,8 +808,8 @@ class Gradient:
         median = _median(samples) if samples else None
         margin = self._margin(len(samples))
         tolerance = self.spec.tolerance + margin
-        self._measure_spread(samples, median)
         if self._probing:
+            self._measure_spread(samples, median, None)
             self._probing = False
             self.limit = self._saved
             if median:  # (a clock too coarse to see a latency gives no estimate)
@@ -825,6 +832,7 @@ class Gradient:
         spec = self.spec
         descended = False
         cut_last, self._cut_last = self._cut_last, False
+        ratio: float | None = None
         if median is not None and self.no_load is not None and median > 0:
             if median >= self.no_load * (1 - DESCENT - margin):
                 self._below = None
@@ -894,6 +902,7 @@ class Gradient:
                     self._skip -= 1
                     if self._skip < 0:
                         self._armed = True
+        self._measure_spread(samples, median, ratio)
         if drops:
             self.limit *= spec.backoff
             _moved(self, "drop", f"{drops} drop(s) in the window, x{spec.backoff:g}")
@@ -1028,12 +1037,20 @@ class Gradient:
             words += f" (its {len(samples)} exchanges pooled with the last probes' {kept})"
         return words
 
-    def _measure_spread(self, samples: list[float], median: float | None) -> None:
+    def _measure_spread(
+        self, samples: list[float], median: float | None, ratio: float | None
+    ) -> None:
         """A window ended: its log latencies, less its median's, join the last
         ``SPREAD_SAMPLES`` (a queue moves a window as a whole: what is left is the
         dependency's own spread), whose interquartile range, as a standard deviation, is the
         spread (robust to the few exchanges a test or a stall delays).  A latency the clock
-        could not see (0) says nothing of the spread and is left out."""
+        could not see (0) says nothing of the spread and is left out.
+
+        Unless the spread measured so far is narrow and the window read a queue that its
+        own dispersion cannot explain: its ``ratio`` (judged to ``no_load``) over the
+        tolerance that dispersion would widen to (``_widening``).  Such a window mixes
+        exchanges that waited with ones that did not (the capacity falling under it): its
+        dispersion is the queue's (see the module docstring)."""
         seen = [sample for sample in samples[-SPREAD_SAMPLES:] if sample > 0]
         n = len(seen)
         if n < WINDOW_SAMPLES or not median or median <= 0:
@@ -1042,7 +1059,13 @@ class Gradient:
         # by about CENTRE_BIAS / n of its variance (0.82x the spread at n = 8).
         log, middle = math.log, math.log(median)
         scale = 1 / math.sqrt(1 - CENTRE_BIAS / n)
-        self._deviations.extend((log(sample) - middle) * scale for sample in seen)
+        deviations = [(log(sample) - middle) * scale for sample in seen]
+        if ratio is not None and self._spread is not None and not self._wide:
+            ordered = sorted(deviations)
+            own = (_quantile(ordered, 0.75) - _quantile(ordered, 0.25)) / IQR_SD
+            if ratio > self.spec.tolerance + self._widening(n, own):
+                return
+        self._deviations.extend(deviations)
         ordered = sorted(self._deviations)
         iqr = _quantile(ordered, 0.75) - _quantile(ordered, 0.25)
         self._spread = iqr / (IQR_SD * IQR_BIAS)
@@ -1058,9 +1081,15 @@ class Gradient:
         noise (a margin there, from our own stalls, let a slot of queue stand at 4 workers:
         phase 2's p99 from 5 s in 1.54x against 1.44x in the model's loaded noise, seeds
         1-30)."""
-        if self._spread is None or n < 1 or not self._wide:
+        if self._spread is None or not self._wide:
             return 0.0
-        se = MEDIAN_SE * self._spread * math.sqrt(1 / n + 1 / max(1, self._probe_n))
+        return self._widening(n, self._spread)
+
+    def _widening(self, n: int, spread: float) -> float:
+        """``_margin`` for a window of ``n`` samples at a given ``spread`` (0 if narrow)."""
+        if n < 1 or spread <= TEST_SPREAD:
+            return 0.0
+        se = MEDIAN_SE * spread * math.sqrt(1 / n + 1 / max(1, self._probe_n))
         widened = SPREAD_Z * se - (self.spec.tolerance - 1)
         return min(max(0.0, widened), max(0.0, MAX_TOLERANCE - self.spec.tolerance))
 
