@@ -38,6 +38,7 @@ from httpx_bulkhead._adaptive import (
     FIRST_PROBE_SAMPLES,
     HISTORY,
     SPREAD_SAMPLES,
+    TEST_SPREAD,
     AdaptiveController,
     Gradient,
 )
@@ -275,14 +276,17 @@ def test_a_clock_that_reads_zero_does_not_blind_the_gradient_to_a_queue() -> Non
 
 def test_a_wide_spread_that_narrows_again_does_not_hide_a_queue_for_long() -> None:
     """Narrow, then a lognormal spread of sigma 1 for 200 rounds, then narrow: three rounds
-    later the memory of the wide spread is gone (64 samples), and when the capacity halves
-    the limit follows within a second (it was held at the capacity throughout)."""
+    later the spread reads narrow again (64 samples; it read under 0.1 until windows that
+    read a queue its own dispersion cannot explain stopped adding to a narrow spread, and
+    the wide spread's last samples can stay a little longer: 0.108 here), and when the
+    capacity halves the limit follows within a second (it was held at the capacity
+    throughout)."""
     rng = random.Random(5)
     gradient = Gradient(AdaptiveLimit(probe_interval=None), random.Random(1))
     now, _ = _rounds(gradient, queue(16, 0.1), 400, rng)
     now, _ = _rounds(gradient, queue(16, 0.1, sigma=1.0), 200, rng, now)
     now, _ = _rounds(gradient, queue(16, 0.1), 4, rng, now)
-    assert gradient._spread is not None and gradient._spread < 0.1
+    assert gradient._spread is not None and gradient._spread < TEST_SPREAD
     _, history = _rounds(gradient, queue(8, 0.1), 300, rng, now)
     assert next(t for t, limit in history if limit <= 10) - now < 1.0
     assert max(limit for _, limit in history[len(history) // 2 :]) <= 10
