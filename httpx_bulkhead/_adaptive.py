@@ -298,7 +298,15 @@ the estimate to the lowest of many, a few percent under the truth, which then re
 standing queue and stalls the growth.  A probe drops the limit to
 ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``PROBE_ROUNDS``
 rounds of its limit (``FIRST_PROBE_SAMPLES`` exchanges at least), from which (and the last
-probes', above) it measures the new ``no_load``, then restores the limit.  Probes run
+probes', above) it measures the new ``no_load``, then restores the limit.  A probe that
+reads ``no_load`` more than the tolerance above the last estimate runs again at half its
+slots (``REPROBE_LIMIT`` of them at least), whose reading stands: after a fall the probe
+runs at a quarter of the limit that showed the queue, and below the concurrency that
+queue implies, but that window's median lags the fall, and where the capacity fell further
+(a lab run: 20 slots, a window at 2.24x, a probe at 5 for 4 workers) the probe's own
+exchanges queued and read as a dependency 24% slower, and the limit sawed a slot above the
+capacity until the next probe (phase 2's p99 from 5 s in 1.95x).  A dependency that did
+slow reads the same at half the slots, for the cost of one more probe.  Probes run
 first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how many
 a quarter would be), every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a
 fleet does not probe at once), when the limit fell to ``FALL_TO_PROBE`` of its peak since
@@ -432,6 +440,11 @@ CENTRE_BOUND = 0.05
 FIRST_PROBE_SAMPLES = 8
 #: A probe runs at ``limit * PROBE_FRACTION`` (at least ``min_limit``).
 PROBE_FRACTION = 0.25
+#: A probe that reads ``no_load`` over the tolerance above the last estimate probes again at
+#: half its slots if that is this many at least (a probe at one slot takes 8 exchanges one
+#: at a time, a second at the lab's service time; it cost a lasting lag of our own 3-20% of
+#: phase 1's goodput from 5 s in, in the model).
+REPROBE_LIMIT = 2
 #: Probes are delayed by up to this fraction of ``probe_interval``, at random.
 PROBE_JITTER = 0.1
 #: Windows in a row at ``min_limit`` that start a probe.
@@ -818,7 +831,23 @@ class Gradient:
                     exposed = [x for x, at in zip(samples, starts, strict=True) if at <= cut]
                     if len(exposed) >= FIRST_PROBE_SAMPLES:
                         samples, median = exposed, _median(exposed)
+                last = self.no_load
                 _moved(self, "probed", self._estimate(samples, median))
+                if (
+                    last is not None
+                    and self.no_load is not None
+                    and self.no_load > last * tolerance
+                    and before // 2 >= max(REPROBE_LIMIT, self.spec.min_limit)
+                ):
+                    # A queue at the probe's limit reads as a slower dependency: again at
+                    # half the slots, whose reading stands (see the module docstring).
+                    self._start_probe(
+                        now,
+                        f"the probe at {before} slots read {self.no_load / last:.2f}x the "
+                        "last estimate",
+                        before // 2,
+                    )
+                    return
             elif samples:
                 _moved(self, "probed", "no latency measured (the clock is too coarse)")
             else:
@@ -1038,7 +1067,7 @@ class Gradient:
         return words
 
     def _measure_spread(
-        self, samples: list[float], median: float | None, ratio: float | None
+        self, samples: list[float], median: float | None, ratio: float | None = None
     ) -> None:
         """A window ended: its log latencies, less its median's, join the last
         ``SPREAD_SAMPLES`` (a queue moves a window as a whole: what is left is the

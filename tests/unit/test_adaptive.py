@@ -26,6 +26,7 @@ from httpx_bulkhead._adaptive import (
     FIRST_PROBE_SAMPLES,
     GROWTH,
     HISTORY,
+    REPROBE_LIMIT,
     AdaptiveController,
     Gradient,
     is_drop,
@@ -623,3 +624,49 @@ def test_a_window_over_the_tolerance_that_its_own_spread_explains_is_spread() ->
     latencies = [0.1 * math.exp(shape.inv_cdf((i + 0.5) / 16)) for i in range(16)]
     window(algorithm, now, latencies)
     assert algorithm._wide
+
+
+def fall_to_a_probe(limit: int, latency: float) -> tuple[Gradient, float]:
+    """A gradient at ``limit`` slots (no-load latency 0.1 s) fed windows at ``latency``
+    until a fall starts a probe."""
+    algorithm, now = at_after_probe(limit)
+    while not algorithm._probing:
+        now = window(algorithm, now, [latency] * max(8, algorithm.applied))
+    return algorithm, now
+
+
+def test_a_probe_that_reads_a_slower_dependency_probes_again_at_half_its_slots() -> None:
+    """After a fall the probe runs at a quarter of the limit that showed the queue; when the
+    capacity fell further than that (a lab run: 20 slots, its window 2.24x, a probe at 5 for
+    4 workers), the probe's exchanges queue and read as a slower dependency (124 ms for 100),
+    and the limit then saws a slot over the capacity until the next probe (phase 2's p99 from
+    5 s in 1.95x).  A probe that reads over the tolerance above the last estimate probes
+    again at half its slots: a queue reads less there, a slower dependency the same."""
+    algorithm, now = fall_to_a_probe(64, 0.15)
+    at = algorithm.applied
+    assert at // 2 >= REPROBE_LIMIT
+    now = window(algorithm, now, [0.125] * max(8, 4 * at))  # a queue at the probe's slots
+    assert algorithm._probing and algorithm.applied == at // 2
+    assert algorithm.moves[-1][1] == "probe" and "1.25x the last estimate" in algorithm.moves[-1][2]
+    window(algorithm, now, [0.1] * max(8, 4 * algorithm.applied))  # no queue at half
+    assert not algorithm._probing and algorithm.no_load == pytest.approx(0.1)
+
+
+def test_a_dependency_that_slowed_reads_the_same_at_half_the_slots() -> None:
+    """The other side: a dependency that became slower for good reads the same at half the
+    probe's slots, and that reading stands."""
+    algorithm, now = fall_to_a_probe(64, 0.15)
+    now = window(algorithm, now, [0.15] * max(8, 4 * algorithm.applied))
+    assert algorithm._probing
+    window(algorithm, now, [0.15] * max(8, 4 * algorithm.applied))
+    assert not algorithm._probing and algorithm.no_load == pytest.approx(0.15)
+
+
+def test_a_probe_at_fewer_than_twice_reprobe_limit_slots_is_believed() -> None:
+    """A probe at 2 or 3 slots is not repeated at one (8 exchanges one at a time, a second
+    at this service time: a lasting lag of our own cost 3-20% of phase 1's goodput from 5 s
+    in, in the model, where the second probe read the same)."""
+    algorithm, now = fall_to_a_probe(16, 0.3)
+    assert algorithm.applied // 2 < REPROBE_LIMIT
+    window(algorithm, now, [0.125] * max(8, 4 * algorithm.applied))
+    assert not algorithm._probing and algorithm.no_load == pytest.approx(0.125)
