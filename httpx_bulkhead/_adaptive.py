@@ -128,20 +128,20 @@ times), and then the median of 8 or 16 exchanges moves by 15-40% from one window
 next with no queue at all.  Judged against a fixed tolerance of 10%, such windows read as
 queues half the time: in the model at a steady 16 workers, lognormal spreads of sigma
 0.25, 0.5 and 1 held the limit at a slot or two for much of the run (goodput 0.74, 0.42
-and 0.16 of a static 16's, quiet, seeds 1-12). So the gradient measures the spread: the log
+and 0.16 of a static 16's, quiet, seeds 1-12).  So the gradient measures the spread: the log
 latencies of the last ``SPREAD_SAMPLES`` exchanges of full windows, each less its window's
 median (a queue moves a window as a whole; what is left is the dependency's own spread; but
 while the spread measured reads narrow, not a window whose median reads over the tolerance
 its own dispersion would widen to: the capacity fell under it, and it mixes exchanges that
 waited with ones that did not; taken as spread, a fall's windows read as one of up to 0.32
 in lab runs, and in one the tolerance widened to 1.26-1.41 and a slot or two of queue stood
-at 4 workers for 6 s. Judged by the window's own dispersion, not by the tolerance, so that a
-wide spread is still learned from the windows that show it: left out for reading over the
+at 4 workers for 6 s.  Judged by the window's own dispersion, not by the tolerance, so that
+a wide spread is still learned from the windows that show it: left out for reading over the
 narrow tolerance, with a share of fast refusals it was learned at round 91, not 23, in a
 review's rotation), their interquartile range as a standard deviation (robust to the few
 exchanges a test or a stall delays; a deviation from its own window's median is smaller than
 from the dependency's, by ``CENTRE_BIAS / n`` of its variance, which is corrected; a latency
-of 0, a clock too coarse to see it, is left out). Above ``TEST_SPREAD`` the spread is
+of 0, a clock too coarse to see it, is left out).  Above ``TEST_SPREAD`` the spread is
 *wide*: a window of n samples is judged against ``tolerance`` plus whatever ``SPREAD_Z``
 standard errors of the ratio of the window's median to the probes' estimate (of
 their samples) exceed it (``_margin``; up to ``MAX_TOLERANCE`` in all), the fall of a median
