@@ -822,7 +822,7 @@ class Gradient:
         margin = self._margin(len(samples))
         tolerance = self.spec.tolerance + margin
         if self._probing:
-            self._measure_spread(samples, median, None)
+            self._measure_spread(samples, median)
             self._probing = False
             self.limit = self._saved
             if median:  # (a clock too coarse to see a latency gives no estimate)
@@ -1090,13 +1090,12 @@ class Gradient:
         scale = 1 / math.sqrt(1 - CENTRE_BIAS / n)
         deviations = [(log(sample) - middle) * scale for sample in seen]
         if ratio is not None and self._spread is not None and not self._wide:
-            ordered = sorted(deviations)
-            own = (_quantile(ordered, 0.75) - _quantile(ordered, 0.25)) / IQR_SD
+            own = _iqr(sorted(deviations)) / IQR_SD
             if ratio > self.spec.tolerance + self._widening(n, own):
                 return
         self._deviations.extend(deviations)
         ordered = sorted(self._deviations)
-        iqr = _quantile(ordered, 0.75) - _quantile(ordered, 0.25)
+        iqr = _iqr(ordered)
         self._spread = iqr / (IQR_SD * IQR_BIAS)
         self._wide = self._spread > TEST_SPREAD
 
@@ -1366,6 +1365,11 @@ def _centre(values: list[float]) -> float:
     mean = math.exp(math.fsum(map(math.log, kept)) / len(kept))
     median = _median(ordered)
     return mean if abs(mean - median) <= median * CENTRE_BOUND else median
+
+
+def _iqr(ordered: list[float]) -> float:
+    """The interquartile range of sorted values."""
+    return _quantile(ordered, 0.75) - _quantile(ordered, 0.25)
 
 
 def _quantiles(values: list[float], n: int) -> list[float]:
