@@ -89,12 +89,22 @@ def unique() -> Callable[[str], str]:
     return lambda prefix: f"{prefix}-{next(_names)}"
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(
+    predicate: Callable[[], bool],
+    timeout: float = 10.0,
+    state: Callable[[], object] | None = None,
+) -> None:
     """Yield to the event loop until ``predicate()`` holds: a checkpoint loop, not a
-    timed sleep; the timeout only turns a hang into a failure."""
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0)
+    timed sleep; the timeout only turns a hang into a failure (``TimeoutError``, saying
+    what ``state()`` returns then)."""
+    try:
+        with anyio.fail_after(timeout):
+            while not predicate():
+                await anyio.sleep(0)
+    except TimeoutError as exc:
+        if state is None:
+            raise
+        raise TimeoutError(f"not reached in {timeout} s; then: {state()!r}") from exc
 
 
 #: Target names only the tests' resolver knows (``.test`` is reserved: RFC 6761 §6.2).

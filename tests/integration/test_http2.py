@@ -63,8 +63,10 @@ async def test_stream_cap_is_respected_and_scales_out(
                 gate.open()
         assert statuses == ["HTTP/2"] * 30
         assert app.max_concurrent(bucket) <= 3 * expected
-        assert len(app.connections(bucket)) == expected
         stats = transport.statistics()[srv.url]
+        # (seen in two full local runs under trio, once each: a connection more than
+        # expected on the server's side; the transport's view says which side made it)
+        assert len(app.connections(bucket)) == expected, stats
         assert stats.connections_created == expected and stats.scale_outs == expected - 1
         assert (stats.running, stats.open_streams, stats.completed) == (0, 0, 30)
 
