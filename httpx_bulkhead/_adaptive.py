@@ -299,14 +299,17 @@ standing queue and stalls the growth.  A probe drops the limit to
 ``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``PROBE_ROUNDS``
 rounds of its limit (``FIRST_PROBE_SAMPLES`` exchanges at least), from which (and the last
 probes', above) it measures the new ``no_load``, then restores the limit.  A probe that
-reads ``no_load`` more than the tolerance above the last estimate runs again at half its
-slots (``REPROBE_LIMIT`` of them at least), whose reading stands: after a fall the probe
-runs at a quarter of the limit that showed the queue, and below the concurrency that
-queue implies, but that window's median lags the fall, and where the capacity fell further
-(a lab run: 20 slots, a window at 2.24x, a probe at 5 for 4 workers) the probe's own
-exchanges queued and read as a dependency 24% slower, and the limit sawed a slot above the
-capacity until the next probe (phase 2's p99 from 5 s in 1.95x).  A dependency that did
-slow reads the same at half the slots, for the cost of one more probe.  Probes run
+reads ``no_load`` more than the tolerance (``REPROBE_OVER`` at least) above the last
+estimate runs again at half its slots (``REPROBE_LIMIT`` of them at least), and so on while
+the reading stays that far over the estimate before the first and fell that far since the
+last: after a fall the probe runs at a quarter of the limit that showed the queue, and
+below the concurrency that queue implies, but that window's median lags the fall, and
+where the capacity fell further (a lab run: 20 slots, a window at 2.24x, a probe at 5 for 4
+workers) the probe's own exchanges queued and read as a dependency 24% slower, and the
+limit sawed a slot above the capacity until the next probe (phase 2's p99 from 5 s in
+1.95x).  A queue at the probe's slots shrinks with them (8 slots for 2 workers read 4x, 4
+read 2x, 2 read the truth: review 17); a dependency that did slow reads the same at half
+the slots, and that reading stands, for the cost of one more probe.  Probes run
 first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how many
 a quarter would be), every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a
 fleet does not probe at once), when the limit fell to ``FALL_TO_PROBE`` of its peak since
@@ -445,6 +448,10 @@ PROBE_FRACTION = 0.25
 #: at a time, a second at the lab's service time; it cost a lasting lag of our own 3-20% of
 #: phase 1's goodput from 5 s in, in the model).
 REPROBE_LIMIT = 2
+#: A probe's reading is compared with the estimate before it at the tolerance, and at this
+#: ratio at least: two probes' estimates of the same latency differ by a few percent (at a
+#: tolerance of 1.01 a probe again on such noise cost 3-5% of the goodput: review 17).
+REPROBE_OVER = 1.1
 #: Probes are delayed by up to this fraction of ``probe_interval``, at random.
 PROBE_JITTER = 0.1
 #: Windows in a row at ``min_limit`` that start a probe.
@@ -508,6 +515,12 @@ TEST_FALLBACK = 6
 TEST_EXPIRY = 4.0
 #: The latency's spread is measured over this many of the last samples (see ``_margin``).
 SPREAD_SAMPLES = 64
+#: A window measures the spread from this many latencies (centred on their own median, 6
+#: read a lognormal's sigma within 2%, 4 read it 15% high).  A window of ``WINDOW_SAMPLES``
+#: exchanges, a fifth of them refused at once, holds fewer than 8: with 8 the spread that
+#: widened at a fall with refusals was learned late or never (review 17); with 5, review
+#: 16's refusals held one run of twelve at 4 slots or fewer for 21% of its rounds.
+SPREAD_MIN = 6
 #: A median of n samples has a standard error of about 1.25 sigma / sqrt(n) (normal data).
 MEDIAN_SE = 1.25
 #: Standard errors of the difference between a window's median and ``no_load`` that the
@@ -655,6 +668,7 @@ class Gradient:
         "_below",
         "_calm",
         "_ceiling",
+        "_chain",
         "_cut_last",
         "_deviations",
         "_doubled",
@@ -741,6 +755,7 @@ class Gradient:
         self._steady = 0  # windows in a row that found the limit in use and without a queue
         self._saved = self.limit
         self._probing = False
+        self._chain: float | None = None  # (see ``_start_probe``)
         self._next_probe = math.inf
         # The timed headroom test (small limits): armed by a window, open while _extra.
         self._ends: deque[float] = deque(maxlen=TEST_BELOW + 1)
@@ -831,21 +846,27 @@ class Gradient:
                     exposed = [x for x, at in zip(samples, starts, strict=True) if at <= cut]
                     if len(exposed) >= FIRST_PROBE_SAMPLES:
                         samples, median = exposed, _median(exposed)
-                last = self.no_load
+                last, chain = self.no_load, self._chain
                 _moved(self, "probed", self._estimate(samples, median))
+                # A queue at the probe's limit reads as a slower dependency: again at half
+                # the slots while the reading is over the estimate before the first probe
+                # and, after the first, fell since the last (see the module docstring).
+                first = last if chain is None else chain
+                over = max(self.spec.tolerance, REPROBE_OVER) + margin
                 if (
-                    last is not None
+                    first is not None
+                    and last is not None
                     and self.no_load is not None
-                    and self.no_load > last * tolerance
+                    and self.no_load > first * over
+                    and (chain is None or last > self.no_load * over)
                     and before // 2 >= max(REPROBE_LIMIT, self.spec.min_limit)
                 ):
-                    # A queue at the probe's limit reads as a slower dependency: again at
-                    # half the slots, whose reading stands (see the module docstring).
+                    than = "the last estimate" if chain is None else "the estimate before"
                     self._start_probe(
                         now,
-                        f"the probe at {before} slots read {self.no_load / last:.2f}x the "
-                        "last estimate",
+                        f"the probe at {before} slots read {self.no_load / first:.2f}x {than}",
                         before // 2,
+                        chain=first,
                     )
                     return
             elif samples:
@@ -1082,7 +1103,7 @@ class Gradient:
         dispersion is the queue's (see the module docstring)."""
         seen = [sample for sample in samples[-SPREAD_SAMPLES:] if sample > 0]
         n = len(seen)
-        if n < WINDOW_SAMPLES or not median or median <= 0:
+        if n < SPREAD_MIN or not median or median <= 0:
             return
         # A deviation from the window's own median is smaller than from the dependency's:
         # by about CENTRE_BIAS / n of its variance (0.82x the spread at n = 8).
@@ -1261,8 +1282,13 @@ class Gradient:
         self._extra = 0
         self._test_closed = self.open_at = None
 
-    def _start_probe(self, now: float, why: str, limit: float | None = None) -> None:
+    def _start_probe(
+        self, now: float, why: str, limit: float | None = None, chain: float | None = None
+    ) -> None:
+        """A probe at ``limit`` (default: ``PROBE_FRACTION`` of the limit); ``chain``: the
+        estimate before the first probe of a chain of them (``None``: this is the first)."""
         self._end_test()
+        self._chain = chain
         self._armed = False
         self._at_min = self._peak = self._steady = self._doubled = 0
         self._cut_last = False

@@ -25,6 +25,17 @@ What did not hold:
   falls there (40 -> 2 workers at 500 a second, 48 -> 3 at 600, loaded, seeds 1-12) start
   the fall's probe at 1 slot (the implied concurrency), and no reprobe fired.
 
+Mended after the review (both strict xfails now hold): the probes go on halving while the
+reading is over the estimate before the first and fell since the last (8, 4 and then 2
+slots read the truth; a reading that did not fall stands, so the chain below ends at its
+second probe); a window measures the spread from 6 latencies (``SPREAD_MIN``), not 8, so the
+windows at the capacity with their refusals count: seeds 1-40, at sigma 1 and 20% refused
+the goodput from the change on 0.891 (0.716 before the mend), at sigma 0.5 and 30% refused
+0.889 (0.459), the spread learned in 40 of 40 runs (22); without refusals as before (0.909,
+0.945).  From 5: 0.902 and 0.912, but review 16's refusals held its seed 8 at 4 slots or
+fewer for 21% of the rounds; from 6, its seeds 1-40 do as from 8, or better.  A re-probe needs ``REPROBE_OVER`` (10%) over the estimate at least, whatever the
+tolerance (the measured cost at 1.01, below).
+
 Measured, not a defect:
 
 - The spread that widens at a fall is learned later (``test_a_spread_that_widens_at_a_fall_
@@ -149,18 +160,14 @@ def probe_window(algorithm: Gradient, now: float, latency: float) -> float:
     return window(algorithm, now, [latency] * max(8, 4 * algorithm.applied))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the second probe is compared with the first's reading, not with the estimate before "
-    "the fall: at 4 slots for 2 workers it reads 2x, less than the first's 4x, and stands, so "
-    "no_load is twice the dependency's and a queue of 2x reads as none",
-)
 def test_a_second_probe_still_over_a_deep_fall_reads_its_queue_and_it_stands() -> None:
     """A fall deeper than the first probe's slots: 8 slots for 2 workers read 4x, so the
     probe runs again at 4; still over the capacity, it reads 2x, less than the first, and
-    that reading stands (it is compared with the first probe's 4x, not with the estimate
-    before the fall): the windows then take a queue of 2x for no queue.  Halving again, to
-    2 (``REPROBE_LIMIT``), would read it right."""
+    that reading stood (it was compared with the first probe's 4x, not with the estimate
+    before the fall): the windows then took a queue of 2x for no queue.  Halving again, to
+    2 (``REPROBE_LIMIT``), reads it right.  Mended after the review (was a strict xfail):
+    the probes go on halving while the reading is over the estimate before the first and
+    fell since the last."""
     algorithm, now = fall_to_a_probe(80, 0.15)
     at = algorithm.applied
     assert at == 8
@@ -172,9 +179,10 @@ def test_a_second_probe_still_over_a_deep_fall_reads_its_queue_and_it_stands() -
 
 def test_probes_in_a_row_end_by_halving() -> None:
     """A dependency that reads slower at each probe (each 1.2x the last: it keeps slowing,
-    or the capacity keeps falling) runs a probe at half the slots of the last each time, and
-    stops at ``REPROBE_LIMIT``: a chain, not a loop (the second reading does not always
-    stand: a third probe follows one that read more than the tolerance above the first)."""
+    or its capacity keeps falling) ends the chain: a chain, not a loop.  As reviewed it ran
+    a probe at half the slots of the last each time, down to ``REPROBE_LIMIT``; since the
+    mend above, a reading that did not fall at half the slots is no queue of the probe's
+    own, and the second probe's stands."""
     algorithm, now = fall_to_a_probe(200, 0.15)
     slots = [algorithm.applied]
     latency = 0.1
@@ -182,8 +190,7 @@ def test_probes_in_a_row_end_by_halving() -> None:
         latency *= 1.2
         now = probe_window(algorithm, now, latency)
         slots.append(algorithm.applied)
-    assert slots[:-1] == [slots[0] // 2**i for i in range(len(slots) - 1)]
-    assert slots[-2] // 2 < REPROBE_LIMIT
+    assert slots[:-1] == [slots[0], slots[0] // 2]
     assert algorithm.no_load == pytest.approx(latency)
 
 
@@ -222,13 +229,6 @@ def test_a_spread_that_widens_at_a_fall_is_learned(
     assert sum(share for _, share in runs) / len(runs) >= least
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="narrow at first, the spread that widens at a fall is learned from the windows within "
-    "their own widened tolerance, and with refusals there are few: at sigma 1 and 20% refused the "
-    "goodput from the change on is 0.748 of the capacity's (0.870 before 753258c); at sigma 0.5 "
-    "and 30% refused the spread never reads wide in 6 of 12 runs (1 of 12)",
-)
 @pytest.mark.parametrize(("sigma", "refused"), [(1.0, 0.2), (0.5, 0.3)])
 def test_a_spread_that_widens_at_a_fall_with_refusals_is_learned(
     sigma: float, refused: float
@@ -243,7 +243,8 @@ def test_a_spread_that_widens_at_a_fall_with_refusals_is_learned(
     refused, the goodput is 0.748 of a static limit at the capacity's on average (0.870
     before 753258c), under 0.5 in 2 runs (none); at sigma 0.5 and 30% refused, the spread
     never read wide in 6 of 12 runs (1 of 12), the goodput 0.421 (0.545), under 0.5 in 9
-    runs (6)."""
+    runs (6).  Mended after the review (was a strict xfail): a window measures the spread
+    from 6 latencies (``SPREAD_MIN``), so the windows at the capacity count."""
     results = [
         after_change(rotation(seed, (16, narrow), (8, lognormal(sigma)), refused=refused)[1])
         for seed in range(1, 13)

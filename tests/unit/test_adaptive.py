@@ -27,6 +27,7 @@ from httpx_bulkhead._adaptive import (
     GROWTH,
     HISTORY,
     REPROBE_LIMIT,
+    REPROBE_OVER,
     AdaptiveController,
     Gradient,
     is_drop,
@@ -553,9 +554,10 @@ def test_the_window_after_a_probe_is_judged_by_its_median() -> None:
     assert algorithm.applied >= 16
 
 
-def at_after_probe(limit: int) -> tuple[Gradient, float]:
+def at_after_probe(limit: int, tolerance: float = 1.1) -> tuple[Gradient, float]:
     """A gradient restored to ``limit`` slots by its first probe (no-load latency 0.1 s)."""
-    algorithm = Gradient(AdaptiveLimit(initial_limit=limit, probe_interval=None), random.Random(3))
+    spec = AdaptiveLimit(initial_limit=limit, probe_interval=None, tolerance=tolerance)
+    algorithm = Gradient(spec, random.Random(3))
     now = 0.0
     while algorithm.no_load is None:
         now = window(algorithm, now, [0.1] * algorithm.applied)
@@ -626,10 +628,10 @@ def test_a_window_over_the_tolerance_that_its_own_spread_explains_is_spread() ->
     assert algorithm._wide
 
 
-def fall_to_a_probe(limit: int, latency: float) -> tuple[Gradient, float]:
+def fall_to_a_probe(limit: int, latency: float, tolerance: float = 1.1) -> tuple[Gradient, float]:
     """A gradient at ``limit`` slots (no-load latency 0.1 s) fed windows at ``latency``
     until a fall starts a probe."""
-    algorithm, now = at_after_probe(limit)
+    algorithm, now = at_after_probe(limit, tolerance)
     while not algorithm._probing:
         now = window(algorithm, now, [latency] * max(8, algorithm.applied))
     return algorithm, now
@@ -660,6 +662,62 @@ def test_a_dependency_that_slowed_reads_the_same_at_half_the_slots() -> None:
     assert algorithm._probing
     window(algorithm, now, [0.15] * max(8, 4 * algorithm.applied))
     assert not algorithm._probing and algorithm.no_load == pytest.approx(0.15)
+
+
+def probe_slots(algorithm: Gradient, now: float, reading: Callable[[int], float]) -> list[int]:
+    """Probe windows (four rounds of their slots, 8 exchanges at least), each reading
+    ``reading(slots)``, until the probes end: the slots of each."""
+    slots = []
+    while algorithm._probing:
+        slots.append(algorithm.applied)
+        now = window(algorithm, now, [reading(slots[-1])] * max(8, 4 * slots[-1]))
+    return slots
+
+
+def test_a_queue_at_the_probe_s_slots_is_halved_away() -> None:
+    """A fall deeper than the probe's slots (8 for 2 workers): each probe's queue halves
+    with its slots, 4x then 2x the estimate before, and the probes go on halving while the
+    reading is over that estimate and fell since the last: at 2 slots it reads the truth,
+    which stands.  (Compared with the last reading instead, the second's 2x stood, and a
+    queue of 2x read as none: review 17.)"""
+    algorithm, now = fall_to_a_probe(80, 0.15)
+    assert probe_slots(algorithm, now, lambda slots: 0.1 * max(1, slots / 2)) == [8, 4, 2]
+    assert algorithm.no_load == pytest.approx(0.1)
+    assert [why for _, reason, why in algorithm.moves if reason == "probe"][-2:] == [
+        "the probe at 8 slots read 4.00x the last estimate",
+        "the probe at 4 slots read 2.00x the estimate before",
+    ]
+
+
+def test_a_chain_of_probes_ends_at_reprobe_limit() -> None:
+    """One worker left: 8 slots read 8x, 4 read 4x, 2 read 2x, and the chain ends there
+    (half of 2 is under ``REPROBE_LIMIT``): that reading stands, a queue of our own, until a
+    window at the limit's floor measures the rest."""
+    algorithm, now = fall_to_a_probe(80, 0.15)
+    assert probe_slots(algorithm, now, lambda slots: 0.1 * slots) == [8, 4, 2]
+    assert REPROBE_LIMIT == 2 and algorithm.no_load == pytest.approx(0.2)
+
+
+def test_a_reading_that_did_not_fall_at_half_the_slots_stands() -> None:
+    """A dependency that slowed meanwhile reads more at half the slots, not less: no queue
+    of the probe's own, so that reading stands (no third probe)."""
+    algorithm, now = fall_to_a_probe(80, 0.15)
+    readings = iter([0.2, 0.24, 0.3])
+    assert probe_slots(algorithm, now, lambda _: next(readings)) == [8, 4]
+    assert algorithm.no_load == pytest.approx(0.24)
+
+
+@pytest.mark.parametrize(("reading", "again"), [(0.105, False), (0.109, False), (0.112, True)])
+def test_at_a_strict_tolerance_a_probe_again_needs_ten_percent(reading: float, again: bool) -> None:
+    """At a tolerance of 1.01 two probes' estimates of one latency differ by more than the
+    tolerance (a few percent); probing again on that noise cost 3-5% of the goodput (review
+    17).  A probe again needs ``REPROBE_OVER`` (10%) above the estimate at least."""
+    algorithm, now = fall_to_a_probe(64, 0.15, tolerance=1.01)
+    assert REPROBE_OVER == 1.1
+    at = algorithm.applied
+    window(algorithm, now, [reading] * max(8, 4 * at))
+    assert algorithm._probing is again
+    assert algorithm.applied == (at // 2 if again else algorithm.applied)
 
 
 def test_a_probe_at_fewer_than_twice_reprobe_limit_slots_is_believed() -> None:
