@@ -82,7 +82,9 @@ gain in the model.
   queue is 25% of latency (N=4) yet reads as a ratio of about 1.12, which the rounding
   of the aimed cut would keep for good.  A cut records the limit it cut from (the
   *ceiling*; after cuts in a row that leave the limit within two tolerances of it, the
-  highest of them: the sawtooth's top, where the next queue will be) and starts a hold.
+  highest of them: the sawtooth's top, where the next queue will be; the tolerance there
+  taken within ``TOP_TOLERANCE``, since at 1.01 two are less than a slot and at 3.0 a fall
+  to a ninth) and starts a hold.
   At small limits (``TEST_BELOW`` and below, with tests) one window over the tolerance
   after more than ``HOLD`` in a row that found the limit in use and within it counts as
   such a first window, whatever its ratio: there a cut is a slot at least (12% of the
@@ -474,6 +476,11 @@ CUT_AIM = 1.02
 MIN_GRADIENT = 0.5
 #: After a cut, windows that leave the limit where it is before it grows again.
 HOLD = 2
+#: The tolerance that says whether cuts in a row stay at the sawtooth's top (within two of
+#: them of the ceiling) is the user's, taken within these bounds: at 1.01 two were less than
+#: a slot below 50, so any two cuts read as a fall, and at 3.0 a fall from 40 to 10 read as
+#: the top (review 16).
+TOP_TOLERANCE = (1.1, 1.5)
 #: Growth of one quiet window past the last queue (a window of overshoot costs at most
 #: this factor in latency, cut back at its end).
 GROWTH = 1.35
@@ -933,7 +940,9 @@ class Gradient:
                     # as the ceiling: the last one's would read the next climb to the top as
                     # past the queue (``ESCAPE``) and grow it x1.35 into it.  Not after a fall
                     # (the limit now further below the ceiling than two tolerances).
-                    top = cut_last and self.base * spec.tolerance**2 >= self._ceiling
+                    low, high = TOP_TOLERANCE
+                    band = min(max(spec.tolerance, low), high) ** 2
+                    top = cut_last and self.base * band >= self._ceiling
                     self._ceiling = max(self._ceiling, before) if top else before
                     # The spacing of tests starts over.  A test armed before the cut stays
                     # armed and may open in the hold, testing the limit just cut to:

@@ -34,6 +34,10 @@ window within it or a probe) gave the same model summaries as main (15 s phases,
 1-160: 132 and 40 runs meeting every target of phases 1 and 3, quiet and loaded, every
 figure the same) but 2.054 s there (80 -> 66 -> 120: 3.8 s against 2.7 s), so it is left
 to the authors to weigh, not landed.
+
+Mended after the review: the second and third xfails (the guard's two tolerances are the
+user's taken within ``TOP_TOLERANCE``, 1.1-1.5, so at 1.01 cuts in a row at the top keep
+the highest and at 3.0 a fall to a quarter marks its last cut).  The first stays open.
 """
 
 from __future__ import annotations
@@ -87,16 +91,12 @@ def test_a_window_over_the_tolerance_that_moved_nothing_keeps_the_run_of_cuts() 
     assert quiet_windows(algorithm, now, 7) == [18, 18, 19, 20, 21, 22, 23]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the guard is two of the user's tolerances: at 1.01 that is 2%, less than a slot "
-    "below 50, so any two cuts in a row (21 -> 19 -> 18) read as a fall and the climb back "
-    "steps x1.35 at 21 into the queue, the case 20e5bd2 mends at 1.1",
-)
 def test_at_a_tolerance_of_1_01_cuts_in_a_row_at_the_top_keep_the_highest() -> None:
     """The same windows as at 1.1 (1.1x at 21, 1.05x at 19: a queue of two slots, then of
     one), at a tolerance of 1.01: 21 -> 19 -> 18, a fall of 14% in the limit.  At 1.1 the
-    ceiling stays 21; at 1.01 it is 19, and quiet windows grow 21 to 28."""
+    ceiling stays 21; at 1.01 it was 19, and quiet windows grew 21 to 28.  Mended after the
+    review (was a strict xfail): the tolerance of the guard is taken within
+    ``TOP_TOLERANCE`` (1.1-1.5)."""
     algorithm, now = after_probe(21, tolerance=1.01)
     now = windows(algorithm, now, [0.11, 0.105])
     assert algorithm.applied == 18
@@ -111,17 +111,12 @@ def test_at_a_tolerance_of_1_1_the_same_cuts_keep_the_highest() -> None:
     assert quiet_windows(algorithm, now, 7) == [18, 18, 19, 20, 21, 22, 23]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two tolerances of 3.0 are a factor of 9: a fall from 40 to 10 in two cuts, which "
-    "starts the fall's probe, keeps the ceiling at 40, and the climb back after the capacity "
-    "returns goes a slot a window from 10 to 44 (x1.35 from 22 before 20e5bd2)",
-)
 def test_at_a_tolerance_of_3_a_fall_marks_the_last_cut() -> None:
     """Latency 20x then 10x the no-load one: 40 -> 20 -> 10 (each cut at most half), the
     limit at a quarter of its peak, which starts a probe: a fall by the algorithm's own
     account.  Before 20e5bd2 the climb back (quiet windows) passed 22 x1.35 and was back at
-    40 after 17 windows; with the ceiling kept at 40 it is at 24 then."""
+    40 after 17 windows; with the ceiling kept at 40 it was at 24 then.  Mended after the
+    review (was a strict xfail): the guard's tolerance is at most 1.5, two of them 2.25."""
     algorithm, now = after_probe(40, tolerance=3.0)
     now = windows(algorithm, now, [2.0, 1.0])
     assert algorithm.base == 1  # (the fall's probe)
