@@ -293,52 +293,52 @@ pooled (354/100) and not (346/87); the median of the pooled exchanges (329/73).
 
 A window with a drop also multiplies the limit by ``backoff``.
 
-``no_load`` is measured by *probes*, and moves halfway down when two window medians in a
-row are more than ``DESCENT`` (5%) below it (to the higher of the two: a dependency that
-became faster); closer medians, or one alone, are noise, and following them would sink
-the estimate to the lowest of many, a few percent under the truth, which then reads as a
-standing queue and stalls the growth.  A probe drops the limit to
-``limit * PROBE_FRACTION`` (at least ``min_limit``) for one window of ``PROBE_ROUNDS``
-rounds of its limit (``FIRST_PROBE_SAMPLES`` exchanges at least), from which (and the last
-probes', above) it measures the new ``no_load``, then restores the limit.  A probe that
-reads ``no_load`` more than the tolerance (``REPROBE_OVER`` at least) above the last
-estimate runs again at half its slots (``REPROBE_LIMIT`` of them at least), and so on while
-the reading stays that far over the estimate before the first and fell that far since the
-last: after a fall the probe runs at a quarter of the limit that showed the queue, and
-below the concurrency that queue implies, but that window's median lags the fall, and
-where the capacity fell further (a lab run: 20 slots, a window at 2.24x, a probe at 5 for 4
-workers) the probe's own exchanges queued and read as a dependency 24% slower, and the
-limit sawed a slot above the capacity until the next probe (phase 2's p99 from 5 s in
-1.95x).  A queue at the probe's slots shrinks with them (8 slots for 2 workers read 4x, 4
-read 2x, 2 read the truth: review 17); a dependency that did slow reads the same at half
-the slots, and that reading stands, for the cost of one more probe.  Probes run
-first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how many
+``no_load`` is measured by *probes*, and moves halfway down when two window medians in a row
+are more than ``DESCENT`` (5%) below it (to the higher of the two: a dependency that became
+faster); closer medians, or one alone, are noise, and following them would sink the estimate
+to the lowest of many, a few percent under the truth, which then reads as a standing queue
+and stalls the growth.  A probe drops the limit to ``limit * PROBE_FRACTION`` (at least
+``min_limit``) for one window of ``PROBE_ROUNDS`` rounds of its limit
+(``FIRST_PROBE_SAMPLES`` exchanges at least), from which (and the last probes', above) it
+measures the new ``no_load``, then restores the limit.  A probe that reads ``no_load`` more
+than the tolerance (``REPROBE_OVER`` at least) above the last estimate runs again at half
+its slots (``REPROBE_LIMIT`` of them at least), and so on while the reading stays that far
+over the estimate before the first and fell that far since the last (``REPROBE_FALL`` at
+most: a halving halves a queue's reading at most); a probe of the chain that measures
+nothing leaves the estimate before it: after a fall the probe runs at a quarter of the limit
+that showed the queue, and below the concurrency that queue implies, but that window's
+median lags the fall, and where the capacity fell further (a lab run: 20 slots, a window at
+2.24x, a probe at 5 for 4 workers) the probe's own exchanges queued and read as a dependency
+24% slower, and the limit sawed a slot above the capacity until the next probe (phase 2's
+p99 from 5 s in 1.95x).  A queue at the probe's slots shrinks with them (8 slots for 2
+workers read 4x, 4 read 2x, 2 read the truth: review 17); a dependency that did slow reads
+the same at half the slots, and that reading stands, for the cost of one more probe.  Probes
+run first (no estimate yet: at ``min_limit``, as Envoy's do, since nothing says yet how many
 a quarter would be), every ``probe_interval`` seconds (jittered by ``PROBE_JITTER`` so a
 fleet does not probe at once), when the limit fell to ``FALL_TO_PROBE`` of its peak since
 the last probe in two windows in a row over the tolerance (at a quarter of the limit the
-second window measured, and below the concurrency its queue implies; one window alone can
-be a stall of our own process, whose probe would re-measure nothing and cost up to a
-second of the capacity: likely the real lab's probe at 40.5 s), and after
-``MIN_LIMIT_WINDOWS`` windows in a row at ``min_limit`` (the dependency became slower for
-good: the old ``no_load`` is obsolete), as Envoy does.  At one slot, though, with one
-exchange in flight at most (no headroom test's second), none of ours waited behind another,
-so a window there measures what a probe there would: one without a drop whose median is
-within the tolerance (with the spread's margin) of ``no_load``, above or below it, joins
-the pool (the last ``POOL_SAMPLES``), refines ``no_load``, and counts as no window at
-``min_limit`` (it says the dependency did not change).  ``_probe_n`` stays the probes'
-(those windows are chosen by their medians: counted, they narrowed the margin while the
-pool read low, review 9), and a window in which ``DESCENT`` moved ``no_load`` is not pooled.
-A probe of 8 exchanges is uncertain under a wide spread (at lognormal sigma 0.5, off by 15%
-as often as not, by a fifth or more in 37% of probes); read low, its windows at one slot
-read as a queue of ours that cannot exist there, and held the limit at a slot or two until
-``MIN_LIMIT_WINDOWS`` brought a probe that could read low again.  A window beyond the
-tolerance is not pooled: a dependency slower (or faster) for good would move the estimate
-after one window instead of after the probe's debounce.  In the lab's model at sigma 0.5
-(seeds 1-160, quiet/loaded), phases whose goodput from 5 s in is under half the best
-static limit's: 11 and 3 of 480, against 14 and 8 (with the probe windows of
-``PROBE_ROUNDS``; at the lab's spread, 319 of 320 runs as before, seeds 1-160: the limit is
-rarely at one slot there; the other's phase 2, loaded seed 39, 0.63 of the best static
-limit's goodput from 5 s in, not 0.40).
+second window measured, and below the concurrency its queue implies; one window alone can be
+a stall of our own process, whose probe would re-measure nothing and cost up to a second of
+the capacity: likely the real lab's probe at 40.5 s), and after ``MIN_LIMIT_WINDOWS``
+windows in a row at ``min_limit`` (the dependency became slower for good: the old
+``no_load`` is obsolete), as Envoy does.  At one slot, though, with one exchange in flight
+at most (no headroom test's second), none of ours waited behind another, so a window there
+measures what a probe there would: one without a drop whose median is within the tolerance
+(with the spread's margin) of ``no_load``, above or below it, joins the pool (the last
+``POOL_SAMPLES``), refines ``no_load``, and counts as no window at ``min_limit`` (it says
+the dependency did not change).  ``_probe_n`` stays the probes' (those windows are chosen by
+their medians: counted, they narrowed the margin while the pool read low, review 9), and a
+window in which ``DESCENT`` moved ``no_load`` is not pooled.  A probe of 8 exchanges is
+uncertain under a wide spread (at lognormal sigma 0.5, off by 15% as often as not, by a
+fifth or more in 37% of probes); read low, its windows at one slot read as a queue of ours
+that cannot exist there, and held the limit at a slot or two until ``MIN_LIMIT_WINDOWS``
+brought a probe that could read low again.  A window beyond the tolerance is not pooled: a
+dependency slower (or faster) for good would move the estimate after one window instead of
+after the probe's debounce.  In the lab's model at sigma 0.5 (seeds 1-160, quiet/loaded),
+phases whose goodput from 5 s in is under half the best static limit's: 11 and 3 of 480,
+against 14 and 8 (with the probe windows of ``PROBE_ROUNDS``; at the lab's spread, 319 of
+320 runs as before, seeds 1-160: the limit is rarely at one slot there; the other's phase 2,
+loaded seed 39, 0.63 of the best static limit's goodput from 5 s in, not 0.40).
 
 *AIMD* (as TCP's congestion avoidance): each drop multiplies the limit by ``backoff``,
 once per round trip (drops of exchanges that started before the last cut are the old
@@ -454,6 +454,10 @@ REPROBE_LIMIT = 2
 #: ratio at least: two probes' estimates of the same latency differ by a few percent (at a
 #: tolerance of 1.01 a probe again on such noise cost 3-5% of the goodput: review 17).
 REPROBE_OVER = 1.1
+#: A chain of probes goes on while the reading fell since the last by the threshold above,
+#: or by this at most: halving the slots halves a queue's reading at most, so at a tolerance
+#: of 2 no chain went past its second probe (review 18).
+REPROBE_FALL = 1.5
 #: Probes are delayed by up to this fraction of ``probe_interval``, at random.
 PROBE_JITTER = 0.1
 #: Windows in a row at ``min_limit`` that start a probe.
@@ -851,7 +855,8 @@ class Gradient:
                 if self._wide:  # (see ``EXPOSURE``)
                     cut = now - EXPOSURE * median
                     exposed = [x for x, at in zip(samples, starts, strict=True) if at <= cut]
-                    if len(exposed) >= FIRST_PROBE_SAMPLES:
+                    # (on a coarse clock their median can be 0: no estimate, review 18)
+                    if len(exposed) >= FIRST_PROBE_SAMPLES and _median(exposed) > 0:
                         samples, median = exposed, _median(exposed)
                 last, chain = self.no_load, self._chain
                 _moved(self, "probed", self._estimate(samples, median))
@@ -865,7 +870,7 @@ class Gradient:
                     and last is not None
                     and self.no_load is not None
                     and self.no_load > first * over
-                    and (chain is None or last > self.no_load * over)
+                    and (chain is None or last > self.no_load * min(over, REPROBE_FALL))
                     and before // 2 >= max(REPROBE_LIMIT, self.spec.min_limit)
                 ):
                     than = "the last estimate" if chain is None else "the estimate before"
@@ -880,6 +885,11 @@ class Gradient:
                 _moved(self, "probed", "no latency measured (the clock is too coarse)")
             else:
                 _moved(self, "probed", "no latency measured (drops or refusals only)")
+            if not median and self._chain is not None:
+                # A chain's probe that measured nothing: the reading it was to check is not
+                # believed either; back to the estimate before the chain (review 18).
+                self.no_load = self._chain
+                self._pool.clear()  # (the doubted reading's exchanges)
             self._schedule_probe(now)
             self._opened = now  # the probe's own samples say nothing of the limit restored
             # (a probe's end is no raise: its burst of new exchanges, on new connections,

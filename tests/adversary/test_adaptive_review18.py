@@ -47,7 +47,10 @@ before the chain back when a chain's probe measured nothing; the exposed exchang
 their median is above 0) turns every xfail here into a pass and keeps
 ``tests/unit/test_adaptive.py`` and reviews 16 and 17 passing; in the model (15 s phases,
 seeds 1-20, one process) every target of phases 1 and 3 met in 13 and 6 runs of 20, quiet
-and loaded, the same seeds as without it.  Not landed.
+and loaded, the same seeds as without it.
+
+Mended after the review, as sketched (the fall's bound is ``REPROBE_FALL``, 1.5; the pool of
+the doubted reading is emptied with it): the three defects' tests are plain tests now.
 
 What held (plain tests below, figures where measured):
 
@@ -173,14 +176,6 @@ def queue_of_2(slots: int) -> float:
 # -- the chain --
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the chain's fall is judged at the re-probe threshold, and a halving halves a "
-    "queue at most: at a tolerance of 2 or more no chain goes past its second probe, and a "
-    "reading up to twice the threshold stands (16 slots for 2 workers: 8x, 8 slots 4x, which "
-    "stands at tolerance 2; in a rotation at 2 workers the limit then holds 16 slots, 8x the "
-    "service time, to the next periodic probe)",
-)
 @pytest.mark.parametrize("tolerance", [2.0, 2.5])
 def test_at_a_high_tolerance_the_chain_halves_a_queue_away(tolerance: float) -> None:
     algorithm, now = fall_to_a_probe(160, 0.15 * tolerance / 1.1, tolerance=tolerance)
@@ -189,12 +184,6 @@ def test_at_a_high_tolerance_the_chain_halves_a_queue_away(tolerance: float) -> 
     assert algorithm.no_load is not None and algorithm.no_load <= 0.1 * tolerance
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a chain's probe that measures nothing (refused throughout) leaves the reading "
-    "that started the chain, judged a queue of the probe's own: 4x stands, and a rotation "
-    "at 2 workers then saws at 8-9 slots (4.2x the service time) to the next probe",
-)
 def test_a_chain_whose_probe_measures_nothing_does_not_keep_the_queue_it_doubted() -> None:
     algorithm, now = fall_to_a_probe(80, 0.15)
     at = algorithm.applied
@@ -227,7 +216,7 @@ def test_a_dependency_recovering_between_probes_costs_a_chain_to_reprobe_limit()
     assert algorithm.no_load == pytest.approx(0.2)
     for _ in range(20):
         now = window(algorithm, now, [0.1] * max(8, algorithm.applied))
-    assert algorithm.no_load < 0.11
+    assert algorithm.no_load is not None and algorithm.no_load < 0.11
 
 
 @pytest.mark.parametrize("seed", range(1, 6))
@@ -322,15 +311,6 @@ def test_windows_of_six_on_a_coarse_clock_do_not_read_a_wide_spread(service: flo
         assert sum(wide[150:]) <= 0.01 * len(wide[150:])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ZeroDivisionError,
-    reason="on a clock too coarse to see some latencies, a probe under a wide spread keeps "
-    "its exposed exchanges (``EXPOSURE``) when 8 or more, and their median can be 0: "
-    "``_estimate`` sets no_load to 0 and every window after divides by it "
-    "(ZeroDivisionError out of ``update``, in the transport out of the response's close); "
-    "before 1444c43 too: 1 run in 480 of this rotation, 3 since",
-)
 @pytest.mark.parametrize(("seed", "refused"), [(30, 0.0), (18, 0.1)])
 def test_a_probe_on_a_coarse_clock_does_not_set_a_no_load_of_zero(
     seed: int, refused: float
