@@ -50,6 +50,8 @@ from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import Gradient
 from tests.unit.test_adaptive import quiet_windows, window
 
+from .rounds import saturated_round
+
 
 def after_probe(limit: int, tolerance: float = 1.1) -> tuple[Gradient, float]:
     """A gradient restored to ``limit`` slots by its first probe (no-load latency 0.1 s)."""
@@ -136,21 +138,10 @@ def refused_rotation(
     trace: list[tuple[int, bool]] = []
     now = 0.0
     for _ in range(rounds):
-        limit = algorithm.applied
-        queue = max(1.0, limit / 16)
-        started = now
-        ends: list[tuple[float, float | None]] = []
-        for _ in range(limit):
-            if rng.random() < refused:
-                ends.append((now + 0.001, None))
-            else:
-                took = 0.1 * rng.lognormvariate(0, sigma) * queue
-                ends.append((now + took, took))
-        for end, latency in sorted(ends, key=lambda pair: pair[0]):
-            if latency is None:
-                algorithm.unfed_end(end, limit, refused=started)
-            else:
-                algorithm.update(end, started, latency, False, limit)
+        queue = max(1.0, algorithm.applied / 16)
+        saturated_round(
+            algorithm, rng, now, 0.1, lambda r: r.lognormvariate(0, sigma), queue, refused
+        )
         now += 0.1 * queue
         trace.append((algorithm.applied, algorithm._wide))
     return trace

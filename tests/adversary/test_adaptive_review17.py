@@ -79,12 +79,9 @@ from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import REPROBE_LIMIT, Gradient
 from tests.unit.test_adaptive import fall_to_a_probe, window
 
+from .rounds import narrow, saturated_round
+
 Factor = Callable[[random.Random], float]
-
-
-def narrow(rng: random.Random) -> float:
-    """The lab's spread: U[0.9, 1.1]."""
-    return rng.uniform(0.9, 1.1)
 
 
 def lognormal(sigma: float) -> Factor:
@@ -124,21 +121,8 @@ def rotation(
         workers, factor = before if index < change else after
         limit = gradient.applied
         queue = max(1.0, limit / workers)
-        started = now
-        ends: list[tuple[float, float | None]] = []
-        for _ in range(limit):
-            if rng.random() < refused:
-                ends.append((now + 0.001, None))
-            else:
-                took = 0.1 * factor(rng) * queue
-                ends.append((now + took, took))
-        for end, latency in sorted(ends, key=lambda pair: pair[0]):
-            if latency is None:
-                gradient.unfed_end(end, limit, refused=started)
-            else:
-                gradient.update(end, started, latency, False, limit)
+        served = saturated_round(gradient, rng, now, 0.1, factor, queue, refused)
         now += 0.1 * queue
-        served = sum(latency is not None for _, latency in ends)
         trace.append((limit, gradient._wide, served, workers * (1 - refused) * queue))
     return gradient, trace
 

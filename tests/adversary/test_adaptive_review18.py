@@ -115,6 +115,8 @@ from httpx_bulkhead._adaptive import (
 )
 from tests.unit.test_adaptive import window
 
+from .rounds import narrow, saturated_round
+
 
 def fall_to_a_probe(limit: int, latency: float, **spec: float) -> tuple[Gradient, float]:
     """A gradient at ``limit`` slots after its first probe (no-load latency 0.1 s), fed
@@ -262,24 +264,11 @@ def rotation(
     (0: exact): whether the spread read wide, per round."""
     rng = random.Random(seed)
     algorithm = Gradient(AdaptiveLimit(initial_limit=16, probe_interval=None), rng)
+    seen = (lambda latency: math.floor(latency / tick) * tick) if tick else None
     now, wide = 0.0, []
     for index in range(rounds):
-        limit = algorithm.applied
-        queue = max(1.0, limit / workers(index))
-        started = now
-        ends: list[tuple[float, float | None]] = []
-        for _ in range(limit):
-            if rng.random() < refused:
-                ends.append((now + 0.001, None))
-            else:
-                took = service * rng.uniform(0.9, 1.1) * queue
-                ends.append((now + took, took))
-        for end, latency in sorted(ends, key=lambda pair: pair[0]):
-            if latency is None:
-                algorithm.unfed_end(end, limit, refused=started)
-            else:
-                seen = math.floor(latency / tick) * tick if tick else latency
-                algorithm.update(end, started, seen, False, limit)
+        queue = max(1.0, algorithm.applied / workers(index))
+        saturated_round(algorithm, rng, now, service, narrow, queue, refused, seen)
         now += service * queue
         wide.append(algorithm._wide)
     return wide
