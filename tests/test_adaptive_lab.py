@@ -10,6 +10,7 @@ import asyncio
 import importlib.util
 import itertools
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -92,6 +93,12 @@ def test_several_runs_are_written_and_summarised(tmp_path: Path) -> None:
         assert f"- phase {phase} (N=" in text
         line = next(x for x in text.splitlines() if x.startswith(f"- phase {phase} "))
         assert f"under 90% in {under};" in line, line
-        assert f"({min(shares):.1%}-{max(shares):.1%})" in line, line
+        # (a run in which no static contestant was answered in the phase has no share: nan,
+        # left out, as on a machine too busy for this tiny lab's 0.5 s phases in a CI run)
+        shares = [share for share in shares if not math.isnan(share)]
+        if shares:
+            assert f"({min(shares):.1%}-{max(shares):.1%})" in line, line
+        else:
+            assert "goodput -," in line, line
     outer = sum(all(adaptive_lab.met(v) for v in run if v["phase"] != 2) for run in every)
     assert text.rstrip().endswith(f"met in {outer} of 2 runs.")
