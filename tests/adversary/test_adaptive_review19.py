@@ -26,7 +26,8 @@ What did not hold:
   12 and back every 120 rounds, +-10%, seeds 1-8, 720 rounds) the limit is back at the
   capacity in 4-5 rounds either way and the goodput differs by 0.0004 at most (0.8934
   against 0.8930 at tolerance 1.5), since a limit past the capacity is queue there; it shows
-  against a dependency whose capacity came back above the old ceiling.
+  against a dependency whose capacity came back above the old ceiling.  Mended after the
+  review as sketched (``TOP_TOLERANCE = (1.1, 1.4)``): the test below is a plain one now.
 
 What held (plain tests below, figures where measured):
 
@@ -107,13 +108,6 @@ def windows_to(algorithm: Gradient, now: float, limit: int) -> int:
 # -- the guard (da0bc3f) --
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the guard's band is two tolerances within 1.1-1.5, up to 2.25, past the fall "
-    "that starts a probe (half the peak): at 1.5, 2 and 3 a fall from 36 to 16 in two cuts "
-    "starts the fall's probe yet keeps 36 as the ceiling, and the climb back goes a slot a "
-    "window from 16 (at 36 after 22 windows, against 11 for the same fall to 15)",
-)
 @pytest.mark.parametrize("tolerance", [1.5, 2.0, 3.0])
 def test_a_fall_that_starts_a_probe_marks_its_last_cut(tolerance: float) -> None:
     algorithm, now = two_cuts(tolerance, 36, 20.5, 16.5)
