@@ -48,20 +48,10 @@ import pytest
 
 from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import Gradient
+from tests.unit.test_adaptive import at_after_probe as after_probe
 from tests.unit.test_adaptive import quiet_windows, window
 
 from .rounds import saturated_round
-
-
-def after_probe(limit: int, tolerance: float = 1.1) -> tuple[Gradient, float]:
-    """A gradient restored to ``limit`` slots by its first probe (no-load latency 0.1 s)."""
-    spec = AdaptiveLimit(initial_limit=limit, probe_interval=None, tolerance=tolerance)
-    algorithm = Gradient(spec, random.Random(3))
-    now = 0.0
-    while algorithm.no_load is None:
-        now = window(algorithm, now, [0.1] * algorithm.applied)
-    assert algorithm.applied == limit
-    return algorithm, now
 
 
 def windows(algorithm: Gradient, now: float, latencies: list[float]) -> float:

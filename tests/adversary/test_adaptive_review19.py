@@ -69,20 +69,10 @@ import pytest
 
 from httpx_bulkhead import AdaptiveLimit
 from httpx_bulkhead._adaptive import Gradient
+from tests.unit.test_adaptive import at_after_probe as after_probe
 from tests.unit.test_adaptive import quiet_windows, window
 
 from .test_adaptive_review18 import fall_to_a_probe, queue_of_2
-
-
-def after_probe(limit: int, tolerance: float) -> tuple[Gradient, float]:
-    """A gradient restored to ``limit`` slots by its first probe (no-load latency 0.1 s)."""
-    spec = AdaptiveLimit(initial_limit=limit, probe_interval=None, tolerance=tolerance)
-    algorithm = Gradient(spec, random.Random(3))
-    now = 0.0
-    while algorithm.no_load is None:
-        now = window(algorithm, now, [0.1] * algorithm.applied)
-    assert algorithm.applied == limit
-    return algorithm, now
 
 
 def two_cuts(tolerance: float, start: int, first: float, second: float) -> tuple[Gradient, float]:
