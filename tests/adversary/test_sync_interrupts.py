@@ -131,9 +131,9 @@ def one_run(seed: int, url: str, adaptive: bool) -> None:
                 try:
                     client.get(f"{url}/{i % 2}")
                     mine[i] = "ok"
+                except Interrupt:
+                    raise
                 except Exception as exc:  # anything but an interrupt fails the run below
-                    if isinstance(exc, Interrupt):
-                        raise
                     mine[i] = type(exc).__name__
             except Interrupt:
                 mine[i] = "interrupted"
