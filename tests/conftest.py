@@ -192,12 +192,41 @@ def lookup_deadline(bound: str) -> tuple[httpx.Timeout, Policy | None, type[Exce
     return httpx.Timeout(5), Policy(request_timeout=0.5), RequestTimeout
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Test files of the layers above the connection: adaptive limits (most of them pure
+#: algorithm, fed samples, no network), fleet limits on Redis, statistics, exporters, logs
+#: and traces, respx's mocks.  They meet HTTP/1.1 only as well-formed responses from
+#: hypercorn or the lab's Node server, which every other suite parses with both parsers;
+#: what they test is the same under either.  ``.ci/run``'s h11 pass leaves them out (about
+#: 190 of its 480 s).
+ABOVE_THE_PARSER = (
+    "tests/adversary/test_adaptive",
+    "tests/integration/test_adaptive",
+    "tests/integration/test_fleet",
+    "tests/integration/test_exporters.py",
+    "tests/integration/test_histograms.py",
+    "tests/integration/test_counters.py",
+    "tests/integration/test_logging.py",
+    "tests/integration/test_trace.py",
+    "tests/integration/test_otel_tracing.py",
+    "tests/integration/test_respx",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test using ``http1_parser`` runs each parser itself: mark it ``explicit_parser``,
-    so a pass under ``HTTPX_BULKHEAD_HTTP1_PARSER`` (``.ci/run``) can leave it out."""
+    so a pass under ``HTTPX_BULKHEAD_HTTP1_PARSER`` (``.ci/run``) can leave it out; a test
+    of a file in ``ABOVE_THE_PARSER`` is marked ``parser_free``, and a test run under trio
+    (its ``anyio_backend``) ``trio_backend``, for the same pass."""
+    root = config.rootpath
     for item in items:
         if "http1_parser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.explicit_parser)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("anyio_backend") == "trio":
+            item.add_marker(pytest.mark.trio_backend)
+        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if path.startswith(ABOVE_THE_PARSER):
+            item.add_marker(pytest.mark.parser_free)
 
 
 def pytest_report_header() -> str:
