@@ -562,11 +562,18 @@ Move = tuple[int, str, str]
 Algorithm = Literal["gradient", "aimd"]
 
 
+#: The largest limit: the algorithms count slots in floats, exact up to 2**53 (a larger int
+#: overflowed or rounded there, and a raw ``OverflowError`` left a request: review 20).
+MAX_SLOTS = 2**53
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"AdaptiveLimit.{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"AdaptiveLimit.{name} must be >= {minimum}, got {value}")
+    if value > MAX_SLOTS:
+        raise ValueError(f"AdaptiveLimit.{name} must be <= 2**53, got {value}")
 
 
 def _check_number(

@@ -387,6 +387,9 @@ def test_fast_refusals_are_not_read_as_a_dependency_without_load(status: int) ->
     ("kwargs", "error", "message"),
     [
         ({"min_limit": 0}, ValueError, r"AdaptiveLimit\.min_limit must be >= 1, got 0"),
+        # (review 20: accepted, then a raw OverflowError out of a request at a window's end)
+        ({"max_limit": 10**400}, ValueError, r"AdaptiveLimit\.max_limit must be <= 2\*\*53"),
+        ({"min_limit": 2**53 + 1}, ValueError, r"AdaptiveLimit\.min_limit must be <= 2\*\*53"),
         ({"min_limit": 1.5}, TypeError, r"AdaptiveLimit\.min_limit must be an int, got 1\.5"),
         ({"min_limit": True}, TypeError, r"AdaptiveLimit\.min_limit must be an int"),
         ({"min_limit": 5, "max_limit": 4}, ValueError, r"min_limit must be <= max_limit=4, got 5"),
